@@ -1,0 +1,138 @@
+// instanttensor: load safetensors checkpoints into libtorch tensors at the speed of the storage.
+//
+//   instanttensor::SafeOpen f({"model-00001.safetensors", "model-00002.safetensors"});
+//   for (auto& [name, tensor] : f) { ... }          // storage order, pipelined reads
+//   at::Tensor w = f.get_tensor("lm_head.weight");  // random access
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "instanttensor/error.h"
+
+namespace instanttensor {
+
+// Explicit options; an unset field falls back to its INSTANTTENSOR_* environment variable (read
+// once, when the checkpoint is opened), then to a default derived from the checkpoint.
+struct OpenOptions {
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  // true: every tensor owns exactly its bytes. false: tensors borrow pool memory (see SafeOpen).
+  bool copy = true;
+  // Only these tensors are planned and read; unknown names are Error(Key).
+  std::optional<std::vector<std::string>> keys;
+  // copy=false: bytes of the borrow pool (must hold the largest selected tensor).
+  // copy=true: bytes read ahead of the consumer.
+  std::optional<int64_t> buffer_size;
+  std::optional<int64_t> chunk_size;   // bytes per read request
+  std::optional<int64_t> concurrency;  // read worker threads
+  std::optional<int64_t> io_depth;     // read requests kept in flight
+  std::optional<std::string> backend;  // comma list, preferred first: auto, pread, buffered, ...
+};
+
+struct TensorMetadata {
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;  // torch shape (F4: last dimension halved)
+};
+
+// Counters of one SafeOpen since it was opened.
+struct Stats {
+  uint64_t bytes_read = 0;           // bytes read from storage
+  uint64_t read_requests = 0;        // read requests completed
+  uint64_t tensors_loaded = 0;       // tensors handed out (iteration and get_tensor)
+  uint64_t materializations = 0;     // borrowed tensors copied out before their memory was reused
+  uint64_t misaligned_copies = 0;    // borrowed tensors handed out as copies (unaligned data)
+  uint64_t buffer_size = 0;          // pool bytes (copy=false) or read-ahead budget (copy=true)
+  uint64_t peak_pool_bytes = 0;      // highest pool bytes in use at once
+  double open_seconds = 0;           // opening files and validating headers
+  double read_seconds = 0;           // time inside read calls, summed over workers
+  double wait_seconds = 0;           // time the consumer waited for reads
+  double copy_seconds = 0;           // materializations and copies on the consumer's thread
+  std::string backend;               // the read backend in use
+};
+
+class Loader;  // the engine behind SafeOpen (ops/loader/loader.h)
+
+// An open checkpoint: one or many safetensors files (sorted by path), validated up front.
+//
+// Threads: every method may be called from any thread; calls are serialized by an internal lock.
+// Reads run on background workers; handed-out tensor objects are only touched on the calling
+// thread, inside next(), get_tensor() and close().
+//
+// Borrowing (copy=false): yielded tensors view pool memory, valid at least until the iteration
+// advances. A borrowed tensor still referenced when its memory must be reused is first copied to
+// fresh memory and its storage repointed (stats().materializations), so a kept tensor never
+// changes; a pointer exported earlier (data_ptr, DLPack, numpy) then refers to the old region.
+// get_tensor() always returns an owned tensor.
+class SafeOpen {
+ public:
+  // Opens and validates every file. Throws Error (NotFound, Permission, Io, Format, Argument,
+  // Key) naming the file and tensor.
+  explicit SafeOpen(std::vector<std::string> files, OpenOptions options = {});
+  explicit SafeOpen(const std::string& file, OpenOptions options = {});
+  ~SafeOpen();
+  SafeOpen(SafeOpen&&) noexcept;
+  SafeOpen& operator=(SafeOpen&&) noexcept;
+
+  std::vector<std::string> keys() const;         // selected names, sorted
+  std::vector<std::string> offset_keys() const;  // selected names, storage order
+  // The files' __metadata__ (first file wins on a shared key); nullopt when none has one.
+  std::optional<std::map<std::string, std::string>> metadata() const;
+  TensorMetadata get_tensor_metadata(const std::string& name) const;
+  // An owned tensor, in any order, any number of times. Error(Key) for an unselected name.
+  at::Tensor get_tensor(const std::string& name);
+
+  // Starts a new pass over the selected tensors in storage order (abandoning any pass underway).
+  void restart();
+  // The next (name, tensor) of the current pass; nullopt at the end. The first call starts a
+  // pass if none is underway.
+  std::optional<std::pair<std::string, at::Tensor>> next();
+
+  Stats stats() const;
+  uint64_t total_tensor_size() const;  // bytes of the selected tensors
+  uint64_t buffer_size() const;
+  bool copy() const;
+  // Waits for reads in flight, copies out borrowed tensors that are still referenced, and
+  // releases threads, fds and pool memory. Idempotent; the destructor calls it.
+  void close();
+
+  class Iterator {
+   public:
+    using value_type = std::pair<std::string, at::Tensor>;
+    Iterator() = default;
+    value_type& operator*() { return *current_; }
+    value_type* operator->() { return &*current_; }
+    Iterator& operator++();
+    bool operator!=(const Iterator& other) const { return current_.has_value() != other.current_.has_value(); }
+    bool operator==(const Iterator& other) const { return !(*this != other); }
+
+   private:
+    friend class SafeOpen;
+    SafeOpen* owner_ = nullptr;
+    std::optional<value_type> current_;
+  };
+  // Range-for: each begin() starts a new pass.
+  Iterator begin();
+  Iterator end() { return Iterator(); }
+
+ private:
+  std::shared_ptr<Loader> loader_;
+};
+
+// Every tensor of `file` as owned tensors on `device` (as safetensors.torch.load_file).
+std::map<std::string, at::Tensor> load_file(const std::string& file,
+                                            c10::Device device = c10::Device(c10::DeviceType::CPU));
+
+// Writes contiguous tensors (any device; copied to the host) to `file`, readable by the
+// reference safetensors reader. Rejects non-contiguous tensors and tensors sharing memory, as
+// safetensors does. Throws Error(Argument/Io) naming the file and tensor.
+void save_file(const std::map<std::string, at::Tensor>& tensors, const std::string& file,
+               const std::optional<std::map<std::string, std::string>>& metadata = std::nullopt);
+
+}  // namespace instanttensor

@@ -1,0 +1,111 @@
+#include "format/writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "instanttensor/error.h"
+
+namespace instanttensor::format {
+
+namespace {
+
+void write_all(int fd, const void* data, uint64_t count, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (count > 0) {
+    ssize_t n = ::write(fd, p, std::min<uint64_t>(count, 1u << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw system_error(errno, path, "write failed");
+    p += n;
+    count -= static_cast<uint64_t>(n);
+  }
+}
+
+uint64_t expected_bytes(const WriterTensor& t, const std::string& path) {
+  uint64_t elements = 1;
+  for (uint64_t dim : t.shape) {
+    if (dim != 0 && elements > UINT64_MAX / dim) {
+      throw Error(ErrorKind::Argument, path, t.name, "shape element count overflows");
+    }
+    elements *= dim;
+  }
+  uint64_t bits = elements * dtype_bits(t.dtype);
+  if (bits % 8 != 0) {
+    throw Error(ErrorKind::Argument, path, t.name, "elements do not fill whole bytes");
+  }
+  return bits / 8;
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<WriterTensor>& tensors,
+                       const std::map<std::string, std::string>* metadata) {
+  std::vector<const WriterTensor*> order;
+  std::set<std::string> names;
+  for (const auto& t : tensors) {
+    if (t.name == "__metadata__") {
+      throw Error(ErrorKind::Argument, path, t.name, "the name is reserved for file metadata");
+    }
+    if (!names.insert(t.name).second) {
+      throw Error(ErrorKind::Argument, path, t.name, "tensor name given twice");
+    }
+    if (expected_bytes(t, path) != t.nbytes) {
+      throw Error(ErrorKind::Argument, path, t.name,
+                  "byte count " + std::to_string(t.nbytes) + " does not match shape x dtype");
+    }
+    order.push_back(&t);
+  }
+  std::sort(order.begin(), order.end(), [](const WriterTensor* a, const WriterTensor* b) {
+    uint32_t aa = dtype_alignment(a->dtype), ba = dtype_alignment(b->dtype);
+    if (aa != ba) return aa > ba;
+    return a->name < b->name;
+  });
+
+  nlohmann::json header = nlohmann::json::object();
+  if (metadata != nullptr) header["__metadata__"] = *metadata;
+  uint64_t offset = 0;
+  for (const WriterTensor* t : order) {
+    header[t->name] = {{"dtype", dtype_name(t->dtype)},
+                       {"shape", t->shape},
+                       {"data_offsets", {offset, offset + t->nbytes}}};
+    offset += t->nbytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::Argument, path, "", std::string("header not encodable: ") + e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  uint8_t prefix[8];
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<uint8_t>(n >> (8 * i));
+
+  std::string temp_path = path + ".tmp-instanttensor-" + std::to_string(::getpid());
+  int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw system_error(errno, path, "cannot create");
+  try {
+    write_all(fd, prefix, 8, path);
+    write_all(fd, text.data(), text.size(), path);
+    for (const WriterTensor* t : order) write_all(fd, t->data, t->nbytes, path);
+    if (::close(fd) != 0) {
+      fd = -1;
+      throw system_error(errno, path, "close failed");
+    }
+    fd = -1;
+    if (::rename(temp_path.c_str(), path.c_str()) != 0) {
+      throw system_error(errno, path, "cannot rename the temporary file into place");
+    }
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(temp_path.c_str());
+    throw;
+  }
+}
+
+}  // namespace instanttensor::format

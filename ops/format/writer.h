@@ -1,0 +1,29 @@
+// Writing safetensors files that the reference reader accepts, torch-free.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "format/dtype.h"
+
+namespace instanttensor::format {
+
+struct WriterTensor {
+  std::string name;
+  Dtype dtype;
+  std::vector<uint64_t> shape;  // in format elements (F4: two values per byte)
+  const void* data = nullptr;   // nbytes little-endian bytes, borrowed for the call
+  uint64_t nbytes = 0;
+};
+
+// Writes `tensors` to `path` (through a temporary file in the same folder, renamed into place, so
+// a failed write never leaves a half file under the name). Data is ordered by descending dtype
+// alignment, then name, so every tensor is naturally aligned; the JSON is padded with spaces to a
+// multiple of 8. Rejects duplicate names, the name "__metadata__", and a byte count that does
+// not match shape x dtype. Throws Error naming the path and tensor. Any thread.
+void write_safetensors(const std::string& path, const std::vector<WriterTensor>& tensors,
+                       const std::map<std::string, std::string>* metadata);
+
+}  // namespace instanttensor::format

@@ -1,0 +1,130 @@
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "instanttensor/error.h"
+#include "io/read_backend.h"
+
+namespace instanttensor::io {
+
+namespace {
+
+ReadCompletion perform_read(const ReadRequest& request) {
+  auto start = std::chrono::steady_clock::now();
+  ReadCompletion done;
+  done.tag = request.tag;
+  char* dest = static_cast<char*>(request.dest);
+  while (done.bytes < request.length) {
+    // Linux caps one read at about 2 GiB; larger requests loop.
+    size_t want = static_cast<size_t>(std::min<uint64_t>(request.length - done.bytes, 1u << 30));
+    ssize_t got = ::pread(request.fd, dest + done.bytes, want,
+                          static_cast<off_t>(request.offset + done.bytes));
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      done.error = errno;
+      break;
+    }
+    if (got == 0) {
+      done.truncated = true;
+      break;
+    }
+    done.bytes += static_cast<uint64_t>(got);
+  }
+  done.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return done;
+}
+
+class PreadPool final : public ReadBackend {
+ public:
+  explicit PreadPool(int threads) {
+    workers_.reserve(threads);
+    try {
+      for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      stop_and_join();  // a joinable std::thread left behind would terminate the process
+      throw Error(ErrorKind::Io, "", "", std::string("cannot start read workers: ") + e.what());
+    }
+  }
+
+  ~PreadPool() override { stop_and_join(); }
+
+  void stop_and_join() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    queued_cv_.notify_all();
+    for (auto& worker : workers_) worker.join();
+  }
+
+  void submit(const ReadRequest& request) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queued_.push_back(request);
+      ++in_flight_;
+    }
+    queued_cv_.notify_one();
+  }
+
+  ReadCompletion wait_completion() override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return !done_.empty(); });
+    ReadCompletion completion = done_.front();
+    done_.pop_front();
+    --in_flight_;
+    return completion;
+  }
+
+  size_t in_flight() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return in_flight_;
+  }
+
+  const char* name() const override { return "pread"; }
+
+ private:
+  void work() {
+    for (;;) {
+      ReadRequest request;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        queued_cv_.wait(lock, [this] { return stopping_ || !queued_.empty(); });
+        // Drain the queue even when stopping: the owner's buffers outlive this destructor.
+        if (queued_.empty()) return;
+        request = queued_.front();
+        queued_.pop_front();
+      }
+      ReadCompletion completion = perform_read(request);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_.push_back(completion);
+      }
+      done_cv_.notify_one();
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable queued_cv_;
+  std::condition_variable done_cv_;
+  std::deque<ReadRequest> queued_;
+  std::deque<ReadCompletion> done_;
+  size_t in_flight_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReadBackend> make_pread_pool(int threads) {
+  return std::make_unique<PreadPool>(threads < 1 ? 1 : threads);
+}
+
+}  // namespace instanttensor::io

@@ -1,0 +1,46 @@
+// The one submit/complete interface every read backend implements, torch-free.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace instanttensor::io {
+
+// Read `length` bytes at `offset` of `fd` into `dest`. The caller keeps `dest` (and the fd)
+// valid until the matching completion has been returned by wait_completion().
+struct ReadRequest {
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  void* dest = nullptr;
+  uint64_t tag = 0;  // returned untouched in the completion
+};
+
+struct ReadCompletion {
+  uint64_t tag = 0;
+  int error = 0;           // errno of a failed read; 0 on success
+  bool truncated = false;  // end of file came before `length` bytes: the file shrank
+  uint64_t bytes = 0;      // bytes read
+  double seconds = 0;      // time spent in the read calls
+};
+
+class ReadBackend {
+ public:
+  virtual ~ReadBackend() = default;
+  // Queues a request; never blocks on I/O. Called from one thread (the consumer's).
+  virtual void submit(const ReadRequest& request) = 0;
+  // Blocks until some submitted request finished and returns it; only valid while
+  // in_flight() > 0. Same thread as submit().
+  virtual ReadCompletion wait_completion() = 0;
+  // Requests submitted and not yet returned by wait_completion().
+  virtual size_t in_flight() const = 0;
+  virtual const char* name() const = 0;
+};
+
+// A pool of `threads` workers doing blocking pread calls (buffered I/O), retrying EINTR and
+// EAGAIN and continuing after short reads. Destruction waits for queued requests to finish and
+// joins the workers.
+std::unique_ptr<ReadBackend> make_pread_pool(int threads);
+
+}  // namespace instanttensor::io

@@ -1,0 +1,65 @@
+// load_file and save_file, compatible with safetensors.torch.
+#include <set>
+
+#include "format/writer.h"
+#include "instanttensor/instanttensor.h"
+#include "loader/torch_dtype.h"
+
+namespace instanttensor {
+
+std::map<std::string, at::Tensor> load_file(const std::string& file, c10::Device device) {
+  OpenOptions options;
+  options.device = device;
+  SafeOpen opened(file, options);
+  std::map<std::string, at::Tensor> tensors;
+  for (auto& [name, tensor] : opened) tensors.emplace(name, tensor);
+  return tensors;
+}
+
+void save_file(const std::map<std::string, at::Tensor>& tensors, const std::string& file,
+               const std::optional<std::map<std::string, std::string>>& metadata) {
+  std::vector<at::Tensor> host;  // keeps host copies alive while writing
+  std::vector<format::WriterTensor> entries;
+  // (storage, byte range) of every tensor, to refuse shared memory as safetensors does.
+  std::vector<std::tuple<const void*, uint64_t, uint64_t, std::string>> spans;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined()) throw Error(ErrorKind::Argument, file, name, "undefined tensor");
+    if (!tensor.is_contiguous()) {
+      throw Error(ErrorKind::Argument, file, name,
+                  "tensor is not contiguous; call .contiguous() before saving");
+    }
+    if (tensor.numel() > 0) {
+      const void* base = tensor.storage().data();
+      uint64_t begin = tensor.storage_offset() * tensor.element_size();
+      spans.emplace_back(base, begin, begin + tensor.nbytes(), name);
+    }
+    at::Tensor on_host = tensor.device().is_cpu() ? tensor : tensor.cpu();
+    host.push_back(on_host);
+    format::WriterTensor entry;
+    entry.name = name;
+    entry.dtype = loader::from_torch_dtype(tensor.scalar_type(), file, name);
+    for (int64_t dim : tensor.sizes()) entry.shape.push_back(static_cast<uint64_t>(dim));
+    if (entry.dtype == format::Dtype::F4) {
+      if (entry.shape.empty()) {
+        throw Error(ErrorKind::Argument, file, name, "0-d float4_e2m1fn_x2 cannot be stored");
+      }
+      entry.shape.back() *= 2;  // two F4 values per byte
+    }
+    entry.data = on_host.numel() > 0 ? on_host.data_ptr() : nullptr;
+    entry.nbytes = on_host.nbytes();
+    entries.push_back(std::move(entry));
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const auto& a = spans[i - 1];
+    const auto& b = spans[i];
+    if (std::get<0>(a) == std::get<0>(b) && std::get<1>(b) < std::get<2>(a)) {
+      throw Error(ErrorKind::Argument, file, std::get<3>(b),
+                  "shares memory with tensor '" + std::get<3>(a) +
+                      "'; clone one of them before saving");
+    }
+  }
+  format::write_safetensors(file, entries, metadata ? &*metadata : nullptr);
+}
+
+}  // namespace instanttensor

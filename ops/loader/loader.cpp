@@ -1,0 +1,476 @@
+#include "loader/loader.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+
+#include "loader/torch_dtype.h"
+#include "pool/host_buffer.h"
+
+namespace instanttensor {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+constexpr uint64_t kRandomAccessTag = 1ull << 63;
+constexpr uint64_t kRingAlignment = 64;
+constexpr uint64_t kDefaultChunk = 8ull << 20;
+constexpr uint64_t kDefaultReadAhead = 256ull << 20;
+constexpr int kDefaultConcurrency = 4;
+
+c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nbytes) {
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+                                               static_cast<int64_t>(nbytes), std::move(data),
+                                               /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+// A contiguous CPU tensor over `storage`, built without dispatch so that every dtype (float4,
+// float8, unsigned) works the same way.
+at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,
+                       const std::vector<int64_t>& shape) {
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(std::move(storage)), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(dtype));
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return tensor;
+}
+
+}  // namespace
+
+Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
+  auto start = Clock::now();
+  options_ = loader::resolve_options(options);
+  checkpoint_ = std::make_unique<format::Checkpoint>(std::move(files));
+
+  std::vector<size_t> selected;
+  if (options_.keys) {
+    for (const auto& key : *options_.keys) selected.push_back(checkpoint_->index_of(key));
+    std::sort(selected.begin(), selected.end());
+    selected.erase(std::unique(selected.begin(), selected.end()), selected.end());
+  } else {
+    for (size_t i = 0; i < checkpoint_->tensors().size(); ++i) selected.push_back(i);
+  }
+  chunk_size_ = options_.chunk_size ? options_.chunk_size : kDefaultChunk;
+
+  // Size the pool before planning: borrowed groups must stay well inside the ring.
+  uint64_t largest = 0, total = 0;
+  std::string largest_name;
+  for (size_t index : selected) {
+    const auto& t = checkpoint_->tensors()[index];
+    total += t.nbytes;
+    if (t.nbytes > largest) largest = t.nbytes, largest_name = t.name();
+  }
+  if (options_.copy) {
+    buffer_size_ = options_.buffer_size ? options_.buffer_size
+                                        : std::max<uint64_t>(std::min(total, kDefaultReadAhead), 1);
+  } else {
+    const uint64_t slot = largest + kRingAlignment;
+    if (options_.buffer_size) {
+      buffer_size_ = options_.buffer_size;
+      if (slot > buffer_size_) {
+        const auto& t = checkpoint_->tensors()[checkpoint_->index_of(largest_name)];
+        throw Error(ErrorKind::Argument, file_of(t), largest_name,
+                    "tensor of " + std::to_string(largest) +
+                        " bytes does not fit a borrow buffer of buffer_size=" +
+                        std::to_string(buffer_size_) + " bytes (needs at least " +
+                        std::to_string(slot) + ")");
+      }
+    } else {
+      // Two of the largest (the live one and the next) plus read-ahead, capped by what a pass
+      // can possibly hold at once.
+      buffer_size_ = 2 * slot + std::min(total + kRingAlignment * selected.size(),
+                                         kDefaultReadAhead);
+    }
+  }
+  uint64_t max_group = options_.copy ? 0 : std::min(chunk_size_, buffer_size_ / 4);
+  plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), max_group);
+
+  // Only the pread pool exists in this build; every other name in the chain falls back to it.
+  int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
+  backend_ = io::make_pread_pool(threads);
+  stats_.backend = backend_->name();
+  stats_.buffer_size = buffer_size_;
+  stats_.open_seconds = seconds_since(start);
+}
+
+Loader::~Loader() {
+  try {
+    close();
+  } catch (...) {
+    // close() only throws for torch allocation failures while copying out retained tensors;
+    // a destructor has no one to report to.
+  }
+}
+
+void Loader::ensure_open() const {
+  if (closed_) {
+    throw Error(ErrorKind::Argument, checkpoint_ ? checkpoint_->files()[0].path : "", "",
+                "the checkpoint was closed");
+  }
+}
+
+const format::IndexedTensor& Loader::tensor_of_item(size_t item) const {
+  return checkpoint_->tensors()[plan_.items[item]];
+}
+
+const std::string& Loader::file_of(const format::IndexedTensor& t) const {
+  return checkpoint_->files()[t.file_index].path;
+}
+
+std::vector<std::string> Loader::offset_keys() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> names;
+  for (size_t index : plan_.items) names.push_back(checkpoint_->tensors()[index].name());
+  return names;
+}
+
+std::vector<std::string> Loader::keys() const {
+  auto names = offset_keys();
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::optional<std::map<std::string, std::string>> Loader::metadata() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!checkpoint_->has_metadata()) return std::nullopt;
+  return checkpoint_->metadata();
+}
+
+TensorMetadata Loader::get_tensor_metadata(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto& t = checkpoint_->tensors()[checkpoint_->index_of(name)];
+  if (!std::binary_search(plan_.items.begin(), plan_.items.end(), checkpoint_->index_of(name))) {
+    throw Error(ErrorKind::Key, file_of(t), name, "tensor is not among the selected keys");
+  }
+  return TensorMetadata{loader::to_torch_dtype(t.entry->dtype, file_of(t), name),
+                        loader::to_torch_shape(*t.entry, file_of(t))};
+}
+
+Stats Loader::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void Loader::ensure_ring() {
+  if (ring_) return;
+  // Pre-faulted once: borrowed reads then never pay first-touch page faults.
+  ring_memory_ = pool::allocate_host(buffer_size_, /*prefault=*/true, "the borrow buffer");
+  ring_ = std::make_unique<pool::RingAllocator>(buffer_size_, kRingAlignment);
+}
+
+void Loader::drain_in_flight() noexcept {
+  while (backend_ && backend_->in_flight() > 0) {
+    io::ReadCompletion completion = backend_->wait_completion();
+    if (completion.tag & kRandomAccessTag) continue;
+    if (completion.tag < groups_.size() && groups_[completion.tag].pending > 0) {
+      groups_[completion.tag].pending -= 1;
+    }
+  }
+}
+
+void Loader::begin_pass() {
+  // Reads of an abandoned pass still target its memory: finish them before anything is reused.
+  drain_in_flight();
+  checkpoint_->check_unchanged();
+  ++pass_id_;
+  pass_started_ = true;
+  pass_error_.reset();
+  groups_.assign(plan_.groups.size(), GroupState{});
+  items_.assign(plan_.items.size(), ItemState{});
+  next_group_ = 0;
+  next_item_ = 0;
+  ahead_bytes_ = 0;
+}
+
+void Loader::restart() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_open();
+  begin_pass();
+}
+
+void Loader::release_region_storages(RingRegion& region, bool count) {
+  auto start = Clock::now();
+  for (auto& storage : region.storages) {
+    // The loader's own reference is one; anything more is a consumer still holding the tensor
+    // (a view, a list entry, an export). Give it memory of its own before the ring reuses this.
+    if (storage.use_count() > 1) {
+      uint64_t nbytes = storage->nbytes();
+      c10::DataPtr fresh = pool::allocate_host(nbytes, false, "a retained borrowed tensor");
+      std::memcpy(fresh.get(), storage->data(), nbytes);
+      storage->set_data_ptr_noswap(std::move(fresh));
+      if (count) stats_.materializations += 1;
+    }
+  }
+  region.storages.clear();
+  stats_.copy_seconds += seconds_since(start);
+}
+
+bool Loader::reclaim_oldest_region(bool force) {
+  if (regions_.empty()) return false;
+  RingRegion& oldest = regions_.front();
+  if (oldest.pass == pass_id_) {
+    size_t end = oldest.first_item + oldest.item_count;
+    // Items not handed out yet are read-ahead; the item handed out last is live (the consumer's
+    // loop variable still binds it) and is only copied out when nothing else can make room.
+    bool live_or_pending = end + 1 > next_item_;
+    if (end > next_item_) return false;
+    if (live_or_pending && !force) return false;
+  }
+  release_region_storages(oldest, true);
+  ring_bytes_in_use_ -= region_sizes_.front();
+  region_sizes_.pop_front();
+  regions_.pop_front();
+  ring_->release_oldest();
+  return true;
+}
+
+bool Loader::place_group(size_t g, bool force) {
+  const plan::ReadGroup& group = plan_.groups[g];
+  GroupState& state = groups_[g];
+  if (options_.copy) {
+    if (ahead_bytes_ > 0 && ahead_bytes_ + group.length > buffer_size_ && !force) return false;
+    for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
+      uint64_t nbytes = tensor_of_item(item).nbytes;
+      // The read lands in the tensor's own storage: one pass over the bytes.
+      items_[item].owned = make_storage(pool::allocate_host(nbytes, false, "a tensor"), nbytes);
+      if (item == group.first_item) state.dest = static_cast<uint8_t*>(items_[item].owned->mutable_data());
+    }
+    ahead_bytes_ += group.length;
+    stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ahead_bytes_);
+    return true;
+  }
+  if (group.length == 0) return true;  // only empty tensors: nothing to place
+  ensure_ring();
+  const auto& first = tensor_of_item(group.first_item);
+  uint64_t phase = first.file_offset - checkpoint_->files()[first.file_index].header.data_start();
+  std::optional<uint64_t> at;
+  while (!(at = ring_->allocate(group.length, phase))) {
+    if (!reclaim_oldest_region(force)) return false;
+  }
+  state.dest = static_cast<uint8_t*>(ring_memory_.get()) + *at;
+  RingRegion region;
+  region.pass = pass_id_;
+  region.first_item = group.first_item;
+  region.item_count = group.item_count;
+  uint64_t offset = 0;
+  for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
+    uint64_t nbytes = tensor_of_item(item).nbytes;
+    auto storage = make_storage(c10::DataPtr(state.dest + offset, c10::Device(c10::DeviceType::CPU)),
+                                nbytes);
+    items_[item].borrowed = storage.get();
+    region.storages.push_back(std::move(storage));
+    offset += nbytes;
+  }
+  regions_.push_back(std::move(region));
+  region_sizes_.push_back(group.length);
+  ring_bytes_in_use_ += group.length;
+  stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ring_bytes_in_use_);
+  return true;
+}
+
+void Loader::submit_group(size_t g) {
+  const plan::ReadGroup& group = plan_.groups[g];
+  GroupState& state = groups_[g];
+  state.submitted = true;
+  auto pieces = plan::split_into_pieces(group.length, chunk_size_);
+  if (pieces.empty()) {
+    state.done = true;
+    return;
+  }
+  int fd = checkpoint_->files()[group.file_index].fd;
+  state.pending = pieces.size();
+  for (const auto& piece : pieces) {
+    backend_->submit(io::ReadRequest{fd, group.file_offset + piece.offset, piece.length,
+                                     state.dest + piece.offset, g});
+  }
+}
+
+void Loader::pump() {
+  while (next_group_ < plan_.groups.size()) {
+    if (!place_group(next_group_, /*force=*/false)) break;
+    submit_group(next_group_++);
+  }
+}
+
+void Loader::fail_pass(Error error) {
+  drain_in_flight();
+  pass_error_.emplace(std::move(error));
+  throw *pass_error_;
+}
+
+Error Loader::read_error(const io::ReadCompletion& completion,
+                         const format::IndexedTensor& t) const {
+  if (completion.error != 0) {
+    return Error(error_kind_for_errno(completion.error), file_of(t), t.name(),
+                 std::string("read failed: ") + std::strerror(completion.error));
+  }
+  return Error(ErrorKind::Io, file_of(t), t.name(), "file shrank during the load (short read)");
+}
+
+void Loader::handle_completion(const io::ReadCompletion& completion) {
+  stats_.read_seconds += completion.seconds;
+  stats_.bytes_read += completion.bytes;
+  stats_.read_requests += 1;
+  if (completion.tag & kRandomAccessTag) return;
+  GroupState& state = groups_[completion.tag];
+  state.pending -= 1;
+  if (completion.error != 0 || completion.truncated) {
+    fail_pass(read_error(completion, tensor_of_item(plan_.groups[completion.tag].first_item)));
+  }
+  if (state.pending == 0) state.done = true;
+}
+
+void Loader::wait_for_group(size_t g) {
+  auto start = Clock::now();
+  while (!groups_[g].done) {
+    if (backend_->in_flight() == 0) {
+      throw Error(ErrorKind::Io, "", "", "internal: waiting for a read that was never submitted");
+    }
+    handle_completion(backend_->wait_completion());
+    pump();
+  }
+  stats_.wait_seconds += seconds_since(start);
+}
+
+at::Tensor Loader::to_target_device(at::Tensor tensor) const {
+  if (options_.device.is_cpu()) return tensor;
+  // Until the staged transfer path exists, other devices get a host read followed by a copy.
+  return tensor.to(options_.device);
+}
+
+std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
+  const auto& t = tensor_of_item(item);
+  const std::string& file = file_of(t);
+  ItemState& state = items_[item];
+  next_item_ = item + 1;
+  // Take the owned storage before anything can throw, so a tensor torch cannot represent
+  // (F6) is skipped cleanly and the read-ahead budget stays right.
+  auto owned = std::move(state.owned);
+  if (options_.copy) ahead_bytes_ -= t.nbytes;
+  auto dtype = loader::to_torch_dtype(t.entry->dtype, file, t.name());
+  auto shape = loader::to_torch_shape(*t.entry, file);
+  stats_.tensors_loaded += 1;
+  if (options_.copy) {
+    return {t.name(), to_target_device(tensor_over(std::move(owned), dtype, shape))};
+  }
+  if (state.borrowed == nullptr) {  // an empty tensor: nothing in the ring
+    return {t.name(), to_target_device(tensor_over(
+                          make_storage(pool::allocate_host(0, false, "a tensor"), 0), dtype, shape))};
+  }
+  auto storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(state.borrowed);
+  at::Tensor view = tensor_over(std::move(storage), dtype, shape);
+  size_t itemsize = c10::elementSize(dtype);
+  if (reinterpret_cast<uintptr_t>(view.data_ptr()) % itemsize != 0) {
+    // Unaligned data in the file: hand out an aligned copy instead of a misaligned view.
+    auto start = Clock::now();
+    auto owned = make_storage(pool::allocate_host(t.nbytes, false, "an unaligned tensor"), t.nbytes);
+    std::memcpy(owned->mutable_data(), view.data_ptr(), t.nbytes);
+    stats_.misaligned_copies += 1;
+    stats_.copy_seconds += seconds_since(start);
+    return {t.name(), to_target_device(tensor_over(std::move(owned), dtype, shape))};
+  }
+  return {t.name(), to_target_device(view)};
+}
+
+std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_open();
+  if (!pass_started_) begin_pass();
+  if (pass_error_) throw *pass_error_;
+  if (next_item_ >= plan_.items.size()) return std::nullopt;
+  size_t item = next_item_;
+  size_t g = plan_.group_of[item];
+  pump();
+  if (!groups_[g].submitted) {
+    // Nothing is ahead and the ring only holds handed-out tensors: make room even if that means
+    // copying out the live one.
+    if (!place_group(g, /*force=*/true)) {
+      throw Error(ErrorKind::Io, file_of(tensor_of_item(item)), tensor_of_item(item).name(),
+                  "internal: no room in the borrow buffer");
+    }
+    submit_group(next_group_++);
+  }
+  wait_for_group(g);
+  pump();
+  return hand_out(item);
+}
+
+at::Tensor Loader::get_tensor(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_open();
+  size_t index = checkpoint_->index_of(name);
+  const auto& t = checkpoint_->tensors()[index];
+  const std::string& file = file_of(t);
+  if (!std::binary_search(plan_.items.begin(), plan_.items.end(), index)) {
+    throw Error(ErrorKind::Key, file, name, "tensor is not among the selected keys");
+  }
+  if (pass_error_) throw *pass_error_;
+  checkpoint_->check_unchanged();
+  auto dtype = loader::to_torch_dtype(t.entry->dtype, file, name);
+  auto shape = loader::to_torch_shape(*t.entry, file);
+  auto storage = make_storage(pool::allocate_host(t.nbytes, false, "a tensor"), t.nbytes);
+  auto* dest = static_cast<uint8_t*>(storage->mutable_data());
+  auto pieces = plan::split_into_pieces(t.nbytes, chunk_size_);
+  int fd = checkpoint_->files()[t.file_index].fd;
+  for (const auto& piece : pieces) {
+    backend_->submit(io::ReadRequest{fd, t.file_offset + piece.offset, piece.length,
+                                     dest + piece.offset, kRandomAccessTag});
+  }
+  // Completions of iteration reads may arrive in between; they are booked as usual.
+  auto start = Clock::now();
+  size_t remaining = pieces.size();
+  std::optional<Error> failure;
+  while (remaining > 0) {
+    io::ReadCompletion completion = backend_->wait_completion();
+    if (!(completion.tag & kRandomAccessTag)) {
+      try {
+        handle_completion(completion);
+      } catch (const Error&) {
+        // The pass failed; its error is kept for next(). Our own reads still finish below.
+      }
+      continue;
+    }
+    handle_completion(completion);
+    remaining -= 1;
+    if (!failure && (completion.error != 0 || completion.truncated)) {
+      failure = read_error(completion, t);
+    }
+  }
+  stats_.wait_seconds += seconds_since(start);
+  if (failure) throw *failure;
+  stats_.tensors_loaded += 1;
+  return to_target_device(tensor_over(std::move(storage), dtype, shape));
+}
+
+void Loader::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_) return;
+  closed_ = true;
+  drain_in_flight();
+  // Retained borrowed tensors must outlive the ring: copy them out now.
+  for (auto& region : regions_) release_region_storages(region, true);
+  regions_.clear();
+  region_sizes_.clear();
+  items_.clear();
+  groups_.clear();
+  backend_.reset();  // joins the workers
+  ring_.reset();
+  ring_memory_.clear();
+  if (options_.debug) {
+    std::cerr << "[instanttensor] " << checkpoint_->files()[0].path << ": " << stats_.bytes_read
+              << " bytes in " << stats_.read_requests << " reads, wait " << stats_.wait_seconds
+              << " s, read " << stats_.read_seconds << " s, materializations "
+              << stats_.materializations << "\n";
+  }
+  checkpoint_->close_files();
+}
+
+}  // namespace instanttensor

@@ -1,0 +1,110 @@
+// The pipeline behind SafeOpen: plan -> io -> (pool) -> tensors, copy or borrow.
+#pragma once
+
+#include <c10/core/StorageImpl.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/checkpoint.h"
+#include "instanttensor/instanttensor.h"
+#include "io/read_backend.h"
+#include "loader/options.h"
+#include "plan/read_plan.h"
+#include "pool/ring_allocator.h"
+
+namespace instanttensor {
+
+// Thread contract: every public method takes `mutex_`, so calls from several threads are
+// serialized; the thread inside a call is "the consumer's thread" for the rules of safe
+// borrowing. Background threads live in the read backend and only write bytes into memory the
+// loader reserved for them; they never touch tensor objects.
+class Loader {
+ public:
+  Loader(std::vector<std::string> files, const OpenOptions& options);
+  ~Loader();
+
+  std::vector<std::string> keys() const;
+  std::vector<std::string> offset_keys() const;
+  std::optional<std::map<std::string, std::string>> metadata() const;
+  TensorMetadata get_tensor_metadata(const std::string& name) const;
+  at::Tensor get_tensor(const std::string& name);
+  void restart();
+  std::optional<std::pair<std::string, at::Tensor>> next();
+  Stats stats() const;
+  uint64_t total_tensor_size() const { return plan_.total_bytes; }
+  uint64_t buffer_size() const { return buffer_size_; }
+  bool copy() const { return options_.copy; }
+  void close();
+
+ private:
+  struct GroupState {
+    uint8_t* dest = nullptr;  // where the group's bytes land (owned storage or ring)
+    size_t pending = 0;       // pieces in flight
+    bool submitted = false;
+    bool done = false;
+  };
+  struct ItemState {
+    c10::intrusive_ptr<c10::StorageImpl> owned;  // copy=true: the tensor's own storage
+    c10::StorageImpl* borrowed = nullptr;        // copy=false: held by its ring region
+  };
+  // A placement in the borrow ring: the storages over it hold one loader reference each.
+  struct RingRegion {
+    uint64_t pass = 0;
+    size_t first_item = 0;
+    size_t item_count = 0;
+    std::vector<c10::intrusive_ptr<c10::StorageImpl>> storages;
+  };
+
+  void ensure_open() const;
+  void begin_pass();
+  void drain_in_flight() noexcept;
+  void pump();
+  bool place_group(size_t group, bool force);
+  bool reclaim_oldest_region(bool force);
+  void release_region_storages(RingRegion& region, bool count);
+  void submit_group(size_t group);
+  void wait_for_group(size_t group);
+  void handle_completion(const io::ReadCompletion& completion);
+  [[noreturn]] void fail_pass(Error error);
+  Error read_error(const io::ReadCompletion& completion, const format::IndexedTensor& t) const;
+  std::pair<std::string, at::Tensor> hand_out(size_t item);
+  const format::IndexedTensor& tensor_of_item(size_t item) const;
+  const std::string& file_of(const format::IndexedTensor& t) const;
+  at::Tensor to_target_device(at::Tensor tensor) const;
+  void ensure_ring();
+
+  mutable std::mutex mutex_;
+  loader::ResolvedOptions options_;
+  std::unique_ptr<format::Checkpoint> checkpoint_;
+  plan::ReadPlan plan_;
+  uint64_t buffer_size_ = 0;
+  uint64_t chunk_size_ = 0;
+  std::unique_ptr<io::ReadBackend> backend_;
+  bool closed_ = false;
+
+  // The current pass.
+  uint64_t pass_id_ = 0;
+  bool pass_started_ = false;
+  std::optional<Error> pass_error_;
+  std::vector<GroupState> groups_;
+  std::vector<ItemState> items_;
+  size_t next_group_ = 0;  // next group to place and submit
+  size_t next_item_ = 0;   // next item to hand out
+  uint64_t ahead_bytes_ = 0;  // copy=true: bytes allocated and not yet handed out
+
+  // copy=false: the borrow ring, allocated once on first use.
+  c10::DataPtr ring_memory_;
+  std::unique_ptr<pool::RingAllocator> ring_;
+  std::deque<RingRegion> regions_;
+  uint64_t ring_bytes_in_use_ = 0;
+  std::deque<uint64_t> region_sizes_;
+
+  Stats stats_;
+};
+
+}  // namespace instanttensor

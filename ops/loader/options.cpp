@@ -1,0 +1,134 @@
+#include "loader/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+namespace instanttensor::loader {
+
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+[[noreturn]] void bad(const std::string& what, const std::string& value,
+                      const std::string& accepted) {
+  throw Error(ErrorKind::Argument, "", "",
+              what + "='" + value + "' is not valid; accepted: " + accepted);
+}
+
+uint64_t positive(std::optional<int64_t> explicit_value, const char* option, const char* variable,
+                  bool byte_size) {
+  const std::string accepted =
+      byte_size ? "a positive integer number of bytes, optionally with a K, M or G suffix"
+                : "a positive integer";
+  if (explicit_value) {
+    if (*explicit_value <= 0) bad(option, std::to_string(*explicit_value), accepted);
+    return static_cast<uint64_t>(*explicit_value);
+  }
+  auto text = env(variable);
+  if (!text) return 0;
+  if (byte_size) return parse_byte_size(*text, variable);
+  char* end = nullptr;
+  errno = 0;
+  long long value = std::strtoll(text->c_str(), &end, 10);
+  if (text->empty() || *end != '\0' || errno != 0 || value <= 0 || value > (1 << 20) ||
+      !std::isdigit(static_cast<unsigned char>((*text)[0]))) {
+    bad(variable, *text, accepted);
+  }
+  return static_cast<uint64_t>(value);
+}
+
+std::vector<std::string> parse_backends(const std::string& text, const std::string& what) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  const auto& known = known_backend_names();
+  std::string accepted;
+  for (const auto& name : known) accepted += (accepted.empty() ? "" : ", ") + name;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    std::string name = text.substr(start, comma == std::string::npos ? std::string::npos
+                                                                      : comma - start);
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      bad(what, text, "a comma list of " + accepted);
+    }
+    names.push_back(name);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return names;
+}
+
+}  // namespace
+
+const std::vector<std::string>& known_backend_names() {
+  static const std::vector<std::string> names = {"auto",  "pread", "buffered",
+                                                 "uring", "uring_buffered", "mmap"};
+  return names;
+}
+
+uint64_t parse_byte_size(const std::string& text, const std::string& what) {
+  const std::string accepted =
+      "a positive integer number of bytes, optionally with a K, M or G suffix";
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
+    bad(what, text, accepted);
+  }
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0) bad(what, text, accepted);
+  std::string suffix(end);
+  uint64_t scale = 1;
+  if (suffix == "K" || suffix == "k") scale = 1ull << 10;
+  else if (suffix == "M" || suffix == "m") scale = 1ull << 20;
+  else if (suffix == "G" || suffix == "g") scale = 1ull << 30;
+  else if (!suffix.empty()) bad(what, text, accepted);
+  if (value == 0 || value > (UINT64_MAX >> 2) / scale) bad(what, text, accepted);
+  return value * scale;
+}
+
+ResolvedOptions resolve_options(const OpenOptions& options) {
+  ResolvedOptions resolved;
+  resolved.device = options.device;
+  resolved.copy = options.copy;
+  resolved.keys = options.keys;
+  resolved.buffer_size =
+      positive(options.buffer_size, "buffer_size", "INSTANTTENSOR_BUFFER_SIZE", true);
+  resolved.chunk_size = positive(options.chunk_size, "chunk_size", "INSTANTTENSOR_CHUNK_SIZE", true);
+  resolved.concurrency = static_cast<int>(
+      positive(options.concurrency, "concurrency", "INSTANTTENSOR_CONCURRENCY", false));
+  resolved.io_depth =
+      static_cast<int>(positive(options.io_depth, "io_depth", "INSTANTTENSOR_IO_DEPTH", false));
+  if (options.concurrency && *options.concurrency > 1024) {
+    bad("concurrency", std::to_string(*options.concurrency), "an integer from 1 to 1024");
+  }
+  if (options.backend) {
+    resolved.backends = parse_backends(*options.backend, "backend");
+  } else if (auto text = env("INSTANTTENSOR_BACKEND")) {
+    resolved.backends = parse_backends(*text, "INSTANTTENSOR_BACKEND");
+  } else {
+    resolved.backends = {"auto"};
+  }
+  if (auto text = env("INSTANTTENSOR_DEBUG")) {
+    if (*text == "1") resolved.debug = true;
+    else if (*text != "0") bad("INSTANTTENSOR_DEBUG", *text, "0 or 1");
+  }
+  // INSTANTTENSOR_MAX_FREE_MEM_USAGE only matters on accelerators, but a bad value is still an
+  // error at open so a typo never goes unnoticed.
+  if (auto text = env("INSTANTTENSOR_MAX_FREE_MEM_USAGE")) {
+    char* end = nullptr;
+    double value = std::strtod(text->c_str(), &end);
+    if (text->empty() || *end != '\0' || !(value > 0.0 && value <= 1.0)) {
+      bad("INSTANTTENSOR_MAX_FREE_MEM_USAGE", *text, "a number in (0, 1]");
+    }
+  }
+  return resolved;
+}
+
+}  // namespace instanttensor::loader

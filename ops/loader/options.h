@@ -1,0 +1,38 @@
+// Resolving OpenOptions against the INSTANTTENSOR_* environment variables.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "instanttensor/instanttensor.h"
+
+namespace instanttensor::loader {
+
+// Options after environment lookup; sizes the checkpoint decides stay unset (0).
+struct ResolvedOptions {
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  bool copy = true;
+  std::optional<std::vector<std::string>> keys;
+  uint64_t buffer_size = 0;  // 0: derive from the checkpoint
+  uint64_t chunk_size = 0;
+  int concurrency = 0;
+  int io_depth = 0;
+  std::vector<std::string> backends;  // lower-case preference chain
+  bool debug = false;
+};
+
+// Explicit fields win over INSTANTTENSOR_BUFFER_SIZE, _CHUNK_SIZE, _CONCURRENCY, _IO_DEPTH,
+// _BACKEND and _DEBUG. A bad value (explicit or from the environment) is Error(Argument) naming
+// the option or variable and the accepted values. Any thread.
+ResolvedOptions resolve_options(const OpenOptions& options);
+
+// Parses a byte count: a positive integer, optionally followed by K, M or G (powers of 1024).
+// `what` names the option or variable in the error.
+uint64_t parse_byte_size(const std::string& text, const std::string& what);
+
+// The backend names this build knows, for error messages and validation.
+const std::vector<std::string>& known_backend_names();
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,33 @@
+#include "pool/host_buffer.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "instanttensor/error.h"
+
+namespace instanttensor::pool {
+
+namespace {
+constexpr uint64_t kHugePage = 2ull << 20;
+
+void free_host(void* ptr) { std::free(ptr); }
+}  // namespace
+
+c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose) {
+  uint64_t alignment = nbytes >= kHugePage ? kHugePage : 64;
+  // Round the size up too: the tail of a huge page would otherwise be a separate small mapping.
+  uint64_t rounded = ((nbytes ? nbytes : 1) + alignment - 1) / alignment * alignment;
+  void* ptr = nullptr;
+  if (::posix_memalign(&ptr, alignment, rounded) != 0 || ptr == nullptr) {
+    throw Error(ErrorKind::Io, "", "",
+                std::string("out of host memory allocating ") + std::to_string(nbytes) +
+                    " bytes for " + purpose);
+  }
+  if (alignment == kHugePage) ::madvise(ptr, rounded, MADV_HUGEPAGE);
+  if (prefault) std::memset(ptr, 0, rounded);
+  return c10::DataPtr(ptr, ptr, &free_host, c10::Device(c10::DeviceType::CPU));
+}
+
+}  // namespace instanttensor::pool

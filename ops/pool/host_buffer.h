@@ -1,0 +1,17 @@
+// Large host allocations for the read path: aligned, huge-page backed where the kernel allows.
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+#include <cstdint>
+
+namespace instanttensor::pool {
+
+// Allocates `nbytes` (may be 0) of host memory aligned to 64 bytes, or to 2 MiB with
+// MADV_HUGEPAGE for allocations of 2 MiB and more (first touch of 4 KiB pages costs more than
+// the read that fills them). With `prefault`, every page is touched now so later reads do not
+// pay the faults. The DataPtr owns the memory and frees it; the device is CPU. Throws Error(Io)
+// naming `purpose` when memory is exhausted. Any thread.
+c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose);
+
+}  // namespace instanttensor::pool

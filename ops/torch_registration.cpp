@@ -1,0 +1,159 @@
+// Every schema of the extension, in one place: torch.ops.instanttensor.* and
+// torch.classes.instanttensor.Loader. Nothing else lives here.
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include "instanttensor/instanttensor.h"
+
+namespace instanttensor {
+
+namespace {
+
+
+// torch.ops.instanttensor.load_tensors: owned, contiguous tensors in the order of `names`, each
+// with its own storage. Headers are read and validated again on every call, so a file changed
+// since tracing is an error, not a wrong shape.
+std::vector<at::Tensor> load_tensors(std::vector<std::string> files, std::vector<std::string> names,
+                                     c10::Device device) {
+  OpenOptions options;
+  options.device = device;
+  options.keys = names;
+  SafeOpen opened(std::move(files), options);
+  std::vector<at::Tensor> out;
+  out.reserve(names.size());
+  for (const auto& name : names) out.push_back(opened.get_tensor(name));
+  return out;
+}
+
+std::string build_info() {
+  return std::string("instanttensor ") + INSTANTTENSOR_VERSION + " torch " +
+         INSTANTTENSOR_TORCH_VERSION;
+}
+
+// torch.classes.instanttensor.Loader: SafeOpen for Python and TorchScript. Methods run without
+// the GIL; SafeOpen serializes concurrent calls.
+class LoaderHolder : public torch::CustomClassHolder {
+ public:
+  LoaderHolder(std::vector<std::string> files, c10::Device device, bool copy,
+               std::optional<std::vector<std::string>> keys, std::optional<int64_t> buffer_size,
+               std::optional<int64_t> chunk_size, std::optional<int64_t> concurrency,
+               std::optional<int64_t> io_depth, std::optional<std::string> backend)
+      : opened_(std::move(files), [&] {
+          OpenOptions options;
+          options.device = device;
+          options.copy = copy;
+          options.keys = std::move(keys);
+          options.buffer_size = buffer_size;
+          options.chunk_size = chunk_size;
+          options.concurrency = concurrency;
+          options.io_depth = io_depth;
+          options.backend = std::move(backend);
+          return options;
+        }()) {}
+
+  std::vector<std::string> keys() { return opened_.keys(); }
+  std::vector<std::string> offset_keys() { return opened_.offset_keys(); }
+  bool has_metadata() { return opened_.metadata().has_value(); }
+  c10::Dict<std::string, std::string> metadata() {
+    c10::Dict<std::string, std::string> out;
+    if (auto meta = opened_.metadata()) {
+      for (const auto& [key, value] : *meta) out.insert(key, value);
+    }
+    return out;
+  }
+  // (torch dtype name without the "torch." prefix, torch shape)
+  std::tuple<std::string, std::vector<int64_t>> get_tensor_metadata(const std::string& name) {
+    auto meta = opened_.get_tensor_metadata(name);
+    return {scalar_type_name(meta.dtype), meta.shape};
+  }
+  at::Tensor get_tensor(const std::string& name) { return opened_.get_tensor(name); }
+  void restart() { opened_.restart(); }
+  std::optional<std::tuple<std::string, at::Tensor>> next() {
+    auto item = opened_.next();
+    if (!item) return std::nullopt;
+    return std::make_tuple(std::move(item->first), std::move(item->second));
+  }
+  c10::Dict<std::string, double> stats() {
+    Stats s = opened_.stats();
+    c10::Dict<std::string, double> out;
+    out.insert("bytes_read", static_cast<double>(s.bytes_read));
+    out.insert("read_requests", static_cast<double>(s.read_requests));
+    out.insert("tensors_loaded", static_cast<double>(s.tensors_loaded));
+    out.insert("materializations", static_cast<double>(s.materializations));
+    out.insert("misaligned_copies", static_cast<double>(s.misaligned_copies));
+    out.insert("buffer_size", static_cast<double>(s.buffer_size));
+    out.insert("peak_pool_bytes", static_cast<double>(s.peak_pool_bytes));
+    out.insert("open_seconds", s.open_seconds);
+    out.insert("read_seconds", s.read_seconds);
+    out.insert("wait_seconds", s.wait_seconds);
+    out.insert("copy_seconds", s.copy_seconds);
+    return out;
+  }
+  std::string backend() { return opened_.stats().backend; }
+  int64_t total_tensor_size() { return static_cast<int64_t>(opened_.total_tensor_size()); }
+  int64_t buffer_size() { return static_cast<int64_t>(opened_.buffer_size()); }
+  bool copy() { return opened_.copy(); }
+  void close() { opened_.close(); }
+
+ private:
+  static std::string scalar_type_name(c10::ScalarType t) {
+    // The attribute name on the torch module, e.g. "bfloat16", "float8_e4m3fn", "uint16".
+    switch (t) {
+      case c10::ScalarType::Bool: return "bool";
+      case c10::ScalarType::Byte: return "uint8";
+      case c10::ScalarType::Char: return "int8";
+      case c10::ScalarType::Short: return "int16";
+      case c10::ScalarType::UInt16: return "uint16";
+      case c10::ScalarType::Half: return "float16";
+      case c10::ScalarType::BFloat16: return "bfloat16";
+      case c10::ScalarType::Int: return "int32";
+      case c10::ScalarType::UInt32: return "uint32";
+      case c10::ScalarType::Float: return "float32";
+      case c10::ScalarType::ComplexFloat: return "complex64";
+      case c10::ScalarType::Double: return "float64";
+      case c10::ScalarType::Long: return "int64";
+      case c10::ScalarType::UInt64: return "uint64";
+      case c10::ScalarType::Float8_e5m2: return "float8_e5m2";
+      case c10::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+      case c10::ScalarType::Float8_e8m0fnu: return "float8_e8m0fnu";
+      case c10::ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
+      case c10::ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
+      case c10::ScalarType::Float4_e2m1fn_x2: return "float4_e2m1fn_x2";
+      default: return c10::toString(t);
+    }
+  }
+
+  SafeOpen opened_;
+};
+
+}  // namespace
+
+TORCH_LIBRARY(instanttensor, m) {
+  m.def("load_tensors(str[] files, str[] names, Device device) -> Tensor[]");
+  m.def("build_info() -> str", &build_info);
+  m.class_<LoaderHolder>("Loader")
+      .def(torch::init<std::vector<std::string>, c10::Device, bool,
+                       std::optional<std::vector<std::string>>, std::optional<int64_t>,
+                       std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
+                       std::optional<std::string>>())
+      .def("keys", &LoaderHolder::keys)
+      .def("offset_keys", &LoaderHolder::offset_keys)
+      .def("has_metadata", &LoaderHolder::has_metadata)
+      .def("metadata", &LoaderHolder::metadata)
+      .def("get_tensor_metadata", &LoaderHolder::get_tensor_metadata)
+      .def("get_tensor", &LoaderHolder::get_tensor)
+      .def("restart", &LoaderHolder::restart)
+      .def("next", &LoaderHolder::next)
+      .def("stats", &LoaderHolder::stats)
+      .def("backend", &LoaderHolder::backend)
+      .def("total_tensor_size", &LoaderHolder::total_tensor_size)
+      .def("buffer_size", &LoaderHolder::buffer_size)
+      .def("copy", &LoaderHolder::copy)
+      .def("close", &LoaderHolder::close);
+}
+
+TORCH_LIBRARY_IMPL(instanttensor, CompositeExplicitAutograd, m) {
+  m.impl("load_tensors", &load_tensors);
+}
+
+}  // namespace instanttensor
