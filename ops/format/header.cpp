@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -117,6 +118,11 @@ FileHeader parse_header_json(const std::string& file_name, const char* text, uin
                              uint64_t file_size) {
   if (!is_valid_utf8(reinterpret_cast<const unsigned char*>(text), length)) {
     fail(file_name, "", "InvalidHeader", "header is not valid UTF-8");
+  }
+  // JSON text never holds a raw NUL (not even inside strings), and nlohmann stops reading at one:
+  // reject NUL padding here rather than let the parser take a prefix of the header.
+  if (std::memchr(text, '\0', length) != nullptr) {
+    fail(file_name, "", "InvalidHeaderDeserialization", "header holds a NUL byte (NUL padding?)");
   }
   // The callback sees every top-level key before nlohmann's object insert would let a second
   // definition silently replace the first.

@@ -1,0 +1,408 @@
+// Format layer: the reference reader's rules, duplicates, the writer and the Checkpoint index.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include "format/checkpoint.h"
+#include "format/header.h"
+#include "format/writer.h"
+#include "instanttensor/error.h"
+#include "test_files.h"
+
+namespace instanttensor {
+namespace {
+
+using format::Dtype;
+using testing::le64;
+using testing::safetensors_bytes;
+using testing::TempDir;
+using testing::write_bytes;
+
+format::FileHeader read_header(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  EXPECT_GE(fd, 0);
+  off_t size = ::lseek(fd, 0, SEEK_END);
+  try {
+    auto header = format::read_file_header(fd, path, static_cast<uint64_t>(size));
+    ::close(fd);
+    return header;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+std::string entry(const std::string& name, const std::string& dtype, const std::string& shape,
+                  uint64_t begin, uint64_t end) {
+  return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
+         ",\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(end) + "]}";
+}
+
+struct Case {
+  const char* label;
+  std::string bytes;
+  const char* rule;    // nullptr: accepted
+  const char* tensor;  // tensor the message must name, if any
+};
+
+std::vector<Case> header_cases() {
+  std::string f32x2 = entry("w", "F32", "[2]", 0, 8);
+  std::string data8(8, '\x01');
+  std::vector<Case> cases = {
+      // Accepted by the reference reader.
+      {"empty header object", safetensors_bytes("{}", ""), nullptr, nullptr},
+      {"one tensor", safetensors_bytes("{" + f32x2 + "}", data8), nullptr, nullptr},
+      {"leading whitespace", safetensors_bytes(" \n\t{" + f32x2 + "}", data8), nullptr, nullptr},
+      {"trailing spaces", safetensors_bytes("{" + f32x2 + "}    ", data8), nullptr, nullptr},
+      {"unaligned offset",
+       safetensors_bytes("{" + entry("a", "U8", "[1]", 0, 1) + "," +
+                             entry("b", "F32", "[1]", 1, 5) + "}",
+                         std::string(5, '\0')),
+       nullptr, nullptr},
+      {"empty name", safetensors_bytes("{" + entry("", "U8", "[1]", 0, 1) + "}", "x"), nullptr,
+       nullptr},
+      {"zero-length tensors share an offset",
+       safetensors_bytes("{" + entry("a", "F32", "[0]", 0, 0) + "," +
+                             entry("b", "F32", "[0,3]", 0, 0) + "," +
+                             entry("c", "U8", "[1]", 0, 1) + "}",
+                         "x"),
+       nullptr, nullptr},
+      {"unknown extra field",
+       safetensors_bytes(
+           "{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"extra\":[1,2]}}", "x"),
+       nullptr, nullptr},
+      {"metadata", safetensors_bytes("{\"__metadata__\":{\"format\":\"pt\"}," + f32x2 + "}", data8),
+       nullptr, nullptr},
+      {"scalar", safetensors_bytes("{" + entry("s", "F64", "[]", 0, 8) + "}", data8), nullptr,
+       nullptr},
+      {"F4 packs two per byte", safetensors_bytes("{" + entry("q", "F4", "[2,2]", 0, 2) + "}", "ab"),
+       nullptr, nullptr},
+      {"F6 packs four in three bytes",
+       safetensors_bytes("{" + entry("q", "F6_E2M3", "[4]", 0, 3) + "}", "abc"), nullptr, nullptr},
+
+      // Rule 1-3: the length prefix.
+      {"fewer than 8 bytes", std::string("\x01\x02\x03", 3), "HeaderTooSmall", nullptr},
+      {"empty file", std::string(), "HeaderTooSmall", nullptr},
+      {"header length over 100 MB", le64(100'000'001) + "{}", "HeaderTooLarge", nullptr},
+      {"header length u64 max", le64(UINT64_MAX) + "{}", "HeaderTooLarge", nullptr},
+      {"header past end of file", le64(64) + "{}", "InvalidHeaderLength", nullptr},
+      // Rule 4-5: text and JSON shape.
+      {"invalid UTF-8", safetensors_bytes("{\"\xff\xfe\":1}", ""), "InvalidHeader", nullptr},
+      {"overlong UTF-8", safetensors_bytes("{\"\xc0\xaf\":1}", ""), "InvalidHeader", nullptr},
+      {"not JSON", safetensors_bytes("{not json", ""), "InvalidHeaderDeserialization", nullptr},
+      {"top-level array", safetensors_bytes("[]", ""), "InvalidHeaderDeserialization", nullptr},
+      {"NUL padding", safetensors_bytes(std::string("{}\0\0\0\0\0\0", 8), ""),
+       "InvalidHeaderDeserialization", nullptr},
+      {"trailing garbage", safetensors_bytes("{}x", ""), "InvalidHeaderDeserialization", nullptr},
+      {"two JSON objects", safetensors_bytes("{}{}", ""), "InvalidHeaderDeserialization", nullptr},
+      {"unknown dtype", safetensors_bytes("{" + entry("w", "F33", "[2]", 0, 8) + "}", data8),
+       "unknown dtype", "w"},
+      {"lower-case dtype", safetensors_bytes("{" + entry("w", "f32", "[2]", 0, 8) + "}", data8),
+       "unknown dtype", "w"},
+      {"dtype not a string",
+       safetensors_bytes("{\"w\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", data8),
+       "'dtype' is not a string", "w"},
+      {"negative dim", safetensors_bytes("{" + entry("w", "F32", "[-2]", 0, 8) + "}", data8),
+       "not a non-negative integer", "w"},
+      {"fractional dim", safetensors_bytes("{" + entry("w", "F32", "[1.5]", 0, 8) + "}", data8),
+       "not a non-negative integer", "w"},
+      {"integral float dim", safetensors_bytes("{" + entry("w", "F32", "[2.0]", 0, 8) + "}", data8),
+       "not a non-negative integer", "w"},
+      {"dim beyond u64", safetensors_bytes("{" + entry("w", "F32", "[1e30]", 0, 8) + "}", data8),
+       "not a non-negative integer", "w"},
+      {"string dim", safetensors_bytes("{" + entry("w", "F32", "[\"2\"]", 0, 8) + "}", data8),
+       "not a non-negative integer", "w"},
+      {"shape not an array", safetensors_bytes("{" + entry("w", "F32", "2", 0, 8) + "}", data8),
+       "'shape' is not an array", "w"},
+      {"three offsets",
+       safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,8]}}",
+                         data8),
+       "exactly two", "w"},
+      {"negative offset",
+       safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}",
+                         data8),
+       "not a non-negative integer", "w"},
+      {"missing shape",
+       safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", data8),
+       "missing field 'shape'", "w"},
+      {"missing offsets", safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", data8),
+       "missing field 'data_offsets'", "w"},
+      {"entry not an object", safetensors_bytes("{\"w\":[1,2]}", ""), "not a JSON object", "w"},
+      {"metadata value not a string",
+       safetensors_bytes("{\"__metadata__\":{\"n\":1}," + f32x2 + "}", data8),
+       "InvalidHeaderDeserialization", nullptr},
+      {"metadata twice",
+       safetensors_bytes("{\"__metadata__\":{},\"__metadata__\":{}," + f32x2 + "}", data8),
+       "'__metadata__' appears twice", nullptr},
+      {"tensor named __metadata__",
+       safetensors_bytes("{" + entry("__metadata__", "F32", "[2]", 0, 8) + "}", data8),
+       "InvalidHeaderDeserialization", nullptr},
+      {"duplicate name smuggles a second definition",
+       safetensors_bytes("{" + entry("w", "F32", "[2]", 0, 8) + "," +
+                             entry("w", "F32", "[1]", 0, 4) + "}",
+                         data8),
+       "DuplicateTensorName", "w"},
+      // Rule 6: offsets and sizes.
+      {"gap before the first tensor",
+       safetensors_bytes("{" + entry("w", "F32", "[1]", 4, 8) + "}", data8), "InvalidOffset", "w"},
+      {"gap between tensors",
+       safetensors_bytes("{" + entry("a", "F32", "[1]", 0, 4) + "," +
+                             entry("b", "F32", "[1]", 8, 12) + "}",
+                         std::string(12, 'x')),
+       "InvalidOffset", "b"},
+      {"overlap",
+       safetensors_bytes("{" + entry("a", "F32", "[2]", 0, 8) + "," +
+                             entry("b", "F32", "[1]", 4, 8) + "}",
+                         data8),
+       "InvalidOffset", "b"},
+      {"reversed range", safetensors_bytes("{" + entry("w", "U8", "[0]", 0, 0) + "," +
+                                           entry("v", "U8", "[0]", 8, 0) + "}", data8),
+       "InvalidOffset", nullptr},
+      {"element count overflow",
+       safetensors_bytes("{" + entry("w", "F32", "[4294967296,4294967296,2]", 0, 8) + "}", data8),
+       "ValidationOverflow", "w"},
+      {"bit count overflow",
+       safetensors_bytes("{" + entry("w", "F64", "[4611686018427387904]", 0, 8) + "}", data8),
+       "ValidationOverflow", "w"},
+      {"F4 odd count", safetensors_bytes("{" + entry("q", "F4", "[3]", 0, 2) + "}", "ab"),
+       "MisalignedSlice", "q"},
+      {"span larger than shape x dtype",
+       safetensors_bytes("{" + entry("w", "F32", "[1]", 0, 8) + "}", data8), "TensorInvalidInfo",
+       "w"},
+      {"span smaller than shape x dtype (out-of-bounds read)",
+       safetensors_bytes("{" + entry("w", "F32", "[4]", 0, 8) + "}", data8), "TensorInvalidInfo",
+       "w"},
+      // Rule 7: the data buffer is exactly covered.
+      {"trailing bytes", safetensors_bytes("{" + f32x2 + "}", data8 + "junk"),
+       "MetadataIncompleteBuffer", nullptr},
+      {"truncated data", safetensors_bytes("{" + f32x2 + "}", data8.substr(0, 5)),
+       "MetadataIncompleteBuffer", nullptr},
+      {"offsets past the end of file",
+       safetensors_bytes("{" + entry("w", "U8", "[1000000]", 0, 1000000) + "}", "x"),
+       "MetadataIncompleteBuffer", nullptr},
+  };
+  return cases;
+}
+
+TEST(HeaderRules, TableOfAcceptedAndRejectedHeaders) {
+  TempDir dir;
+  int index = 0;
+  for (const auto& c : header_cases()) {
+    SCOPED_TRACE(c.label);
+    std::string path = dir.file("case" + std::to_string(index++) + ".safetensors");
+    write_bytes(path, c.bytes);
+    if (c.rule == nullptr) {
+      EXPECT_NO_THROW(read_header(path));
+      continue;
+    }
+    try {
+      read_header(path);
+      ADD_FAILURE() << "accepted a header that breaks " << c.rule;
+    } catch (const Error& e) {
+      std::string message = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::Format);
+      EXPECT_NE(message.find(path), std::string::npos) << message;
+      EXPECT_NE(message.find(c.rule), std::string::npos) << message;
+      if (c.tensor) {
+        EXPECT_NE(message.find(std::string("tensor '") + c.tensor + "'"), std::string::npos)
+            << message;
+      }
+    }
+  }
+}
+
+TEST(HeaderRules, LengthCapIsInclusive) {
+  uint8_t prefix[8];
+  std::string bytes = le64(format::kMaxHeaderBytes);
+  std::copy(bytes.begin(), bytes.end(), prefix);
+  EXPECT_EQ(format::parse_length_prefix("f", prefix, 8, 8 + format::kMaxHeaderBytes),
+            format::kMaxHeaderBytes);
+  bytes = le64(format::kMaxHeaderBytes + 1);
+  std::copy(bytes.begin(), bytes.end(), prefix);
+  EXPECT_THROW(format::parse_length_prefix("f", prefix, 8, 16 + format::kMaxHeaderBytes), Error);
+}
+
+TEST(HeaderRules, EntriesComeBackInStorageOrderWithMetadata) {
+  std::string header = "{\"__metadata__\":{\"k\":\"v\"}," + entry("z", "U8", "[2]", 0, 2) + "," +
+                       entry("a", "I16", "[1]", 2, 4) + "}";
+  auto parsed = format::parse_header_json("f", header.data(), header.size(), 8 + header.size() + 4);
+  ASSERT_EQ(parsed.tensors.size(), 2u);
+  EXPECT_EQ(parsed.tensors[0].name, "z");
+  EXPECT_EQ(parsed.tensors[1].name, "a");
+  EXPECT_EQ(parsed.tensors[1].dtype, Dtype::I16);
+  EXPECT_TRUE(parsed.has_metadata);
+  EXPECT_EQ(parsed.metadata.at("k"), "v");
+}
+
+TEST(Dtypes, AllTwentyTwoNamesRoundTrip) {
+  for (int i = 0; i < format::kDtypeCount; ++i) {
+    auto dtype = static_cast<Dtype>(i);
+    auto back = format::dtype_from_name(format::dtype_name(dtype));
+    ASSERT_TRUE(back.has_value());
+    EXPECT_EQ(*back, dtype);
+  }
+  EXPECT_FALSE(format::dtype_from_name("bf16").has_value());
+  EXPECT_EQ(format::dtype_bits(Dtype::F4), 4u);
+  EXPECT_EQ(format::dtype_bits(Dtype::F6_E3M2), 6u);
+  EXPECT_EQ(format::dtype_bits(Dtype::C64), 64u);
+}
+
+format::WriterTensor writer_tensor(const std::string& name, Dtype dtype,
+                                   std::vector<uint64_t> shape, const std::string& bytes) {
+  return format::WriterTensor{name, dtype, std::move(shape), bytes.data(), bytes.size()};
+}
+
+TEST(Writer, RoundTripEveryDtypeAligned) {
+  TempDir dir;
+  std::vector<std::string> payloads;
+  std::vector<format::WriterTensor> tensors;
+  payloads.reserve(format::kDtypeCount);
+  for (int i = 0; i < format::kDtypeCount; ++i) {
+    auto dtype = static_cast<Dtype>(i);
+    // 8 elements of any type fill whole bytes (F6: 48 bits).
+    uint64_t nbytes = 8 * format::dtype_bits(dtype) / 8;
+    std::string bytes(nbytes, '\0');
+    for (uint64_t b = 0; b < nbytes; ++b) bytes[b] = static_cast<char>(i * 7 + b);
+    payloads.push_back(bytes);
+    tensors.push_back(writer_tensor(std::string("t_") + format::dtype_name(dtype), dtype, {2, 4},
+                                    payloads.back()));
+  }
+  std::map<std::string, std::string> metadata{{"format", "pt"}};
+  std::string path = dir.file("all.safetensors");
+  format::write_safetensors(path, tensors, &metadata);
+  auto header = read_header(path);
+  EXPECT_EQ(header.header_length % 8, 0u);
+  EXPECT_EQ(header.metadata.at("format"), "pt");
+  ASSERT_EQ(header.tensors.size(), tensors.size());
+  std::string file = testing::read_bytes(path);
+  for (const auto& entry : header.tensors) {
+    EXPECT_EQ(entry.data_begin % format::dtype_alignment(entry.dtype), 0u) << entry.name;
+    EXPECT_EQ((header.data_start() + entry.data_begin) % format::dtype_alignment(entry.dtype), 0u);
+    int i = static_cast<int>(entry.dtype);
+    EXPECT_EQ(file.substr(header.data_start() + entry.data_begin, entry.nbytes()), payloads[i]);
+  }
+}
+
+TEST(Writer, ScalarsEmptyUnicodeAndMany) {
+  TempDir dir;
+  std::string four(4, '\x2a');
+  std::vector<format::WriterTensor> tensors = {
+      writer_tensor("scalar", Dtype::F32, {}, four),
+      writer_tensor("empty", Dtype::F32, {0, 5}, ""),
+      writer_tensor("ünïcødé ✓ 名前", Dtype::U8, {4}, four),
+  };
+  std::vector<std::string> names;
+  for (int i = 0; i < 2000; ++i) names.push_back("layer." + std::to_string(i) + ".bias");
+  for (const auto& name : names) tensors.push_back(writer_tensor(name, Dtype::I32, {1}, four));
+  std::string path = dir.file("many.safetensors");
+  format::write_safetensors(path, tensors, nullptr);
+  auto header = read_header(path);
+  EXPECT_FALSE(header.has_metadata);
+  EXPECT_EQ(header.tensors.size(), tensors.size());
+  bool found_unicode = false;
+  for (const auto& e : header.tensors) found_unicode |= e.name == "ünïcødé ✓ 名前";
+  EXPECT_TRUE(found_unicode);
+}
+
+TEST(Writer, RejectsBadInputWithoutLeavingAFile) {
+  TempDir dir;
+  std::string path = dir.file("bad.safetensors");
+  std::string four(4, 'x');
+  EXPECT_THROW(format::write_safetensors(path,
+                                         {writer_tensor("a", Dtype::F32, {1}, four),
+                                          writer_tensor("a", Dtype::F32, {1}, four)},
+                                         nullptr),
+               Error);
+  EXPECT_THROW(
+      format::write_safetensors(path, {writer_tensor("__metadata__", Dtype::F32, {1}, four)},
+                                nullptr),
+      Error);
+  EXPECT_THROW(format::write_safetensors(path, {writer_tensor("a", Dtype::F32, {2}, four)}, nullptr),
+               Error);
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+  EXPECT_THROW(format::write_safetensors(dir.file("missing/x.safetensors"), {}, nullptr), Error);
+}
+
+TEST(CheckpointIndex, SortsFilesAndRejectsCrossFileDuplicates) {
+  TempDir dir;
+  std::string four(4, 'x');
+  format::write_safetensors(dir.file("b.safetensors"), {writer_tensor("b1", Dtype::F32, {1}, four)},
+                            nullptr);
+  format::write_safetensors(dir.file("a.safetensors"),
+                            {writer_tensor("a2", Dtype::U8, {4}, four),
+                             writer_tensor("a1", Dtype::F32, {1}, four)},
+                            nullptr);
+  format::Checkpoint checkpoint({dir.file("b.safetensors"), dir.file("a.safetensors")});
+  ASSERT_EQ(checkpoint.tensors().size(), 3u);
+  EXPECT_EQ(checkpoint.files()[0].path, dir.file("a.safetensors"));
+  EXPECT_EQ(checkpoint.tensors()[0].name(), "a1");  // F32 first: larger alignment
+  EXPECT_EQ(checkpoint.tensors()[1].name(), "a2");
+  EXPECT_EQ(checkpoint.tensors()[2].name(), "b1");
+  EXPECT_EQ(checkpoint.tensors()[2].file_index, 1u);
+  EXPECT_THROW(checkpoint.index_of("nope"), Error);
+
+  format::write_safetensors(dir.file("c.safetensors"), {writer_tensor("a1", Dtype::F32, {1}, four)},
+                            nullptr);
+  try {
+    format::Checkpoint dup({dir.file("a.safetensors"), dir.file("c.safetensors")});
+    ADD_FAILURE() << "a name defined in two files was accepted";
+  } catch (const Error& e) {
+    std::string message = e.what();
+    EXPECT_NE(message.find("c.safetensors"), std::string::npos) << message;
+    EXPECT_NE(message.find("a.safetensors"), std::string::npos) << message;
+    EXPECT_NE(message.find("'a1'"), std::string::npos) << message;
+  }
+}
+
+TEST(CheckpointIndex, FileErrorsCarryKindAndNameAndLeakNoFd) {
+  TempDir dir;
+  int fds = testing::open_fd_count();
+  try {
+    format::Checkpoint missing({dir.file("missing.safetensors")});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::NotFound);
+    EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos);
+  }
+  try {
+    format::Checkpoint directory({dir.path()});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.path()), std::string::npos);
+  }
+  std::string good = dir.file("good.safetensors");
+  std::string bad = dir.file("zbad.safetensors");
+  format::write_safetensors(good, {}, nullptr);
+  write_bytes(bad, "garbage");
+  EXPECT_THROW(format::Checkpoint({good, bad}), Error);
+  // Permission: root reads anything, so a child process drops to "nobody" first.
+  std::string locked = dir.file("locked.safetensors");
+  format::write_safetensors(locked, {}, nullptr);
+  ::chmod(locked.c_str(), 0);
+  ::chmod(dir.path().c_str(), 0755);
+  pid_t child = ::fork();
+  if (child == 0) {
+    if (::geteuid() == 0 && ::setuid(65534) != 0) ::_exit(3);
+    try {
+      format::Checkpoint denied({locked});
+      ::_exit(1);
+    } catch (const Error& e) {
+      ::_exit(e.kind() == ErrorKind::Permission &&
+                      std::string(e.what()).find(locked) != std::string::npos
+                  ? 0
+                  : 2);
+    }
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: opened, 2: wrong kind or message, 3: setuid failed";
+  EXPECT_EQ(testing::open_fd_count(), fds);
+}
+
+}  // namespace
+}  // namespace instanttensor

@@ -1,0 +1,174 @@
+// Plan, io and pool layers on their own (torch-free).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <numeric>
+#include <set>
+
+#include "format/checkpoint.h"
+#include "format/writer.h"
+#include "instanttensor/error.h"
+#include "io/read_backend.h"
+#include "plan/read_plan.h"
+#include "pool/ring_allocator.h"
+#include "test_files.h"
+
+namespace instanttensor {
+namespace {
+
+using format::Dtype;
+using testing::TempDir;
+
+// Four U8 tensors of 10, 20, 30 and 40 bytes in one file: storage order a, b, c, d.
+std::string write_four(const TempDir& dir) {
+  static const std::string bytes(100, 'x');
+  std::vector<format::WriterTensor> tensors;
+  const char* names[] = {"a", "b", "c", "d"};
+  for (int i = 0; i < 4; ++i) {
+    uint64_t n = 10 * (i + 1);
+    tensors.push_back(format::WriterTensor{names[i], Dtype::U8, {n}, bytes.data(), n});
+  }
+  std::string path = dir.file("four.safetensors");
+  format::write_safetensors(path, tensors, nullptr);
+  return path;
+}
+
+TEST(ReadPlan, GroupsNeighboursUpToTheLimitAndSplitsNothingElse) {
+  TempDir dir;
+  format::Checkpoint checkpoint({write_four(dir)});
+  auto plan = plan::make_read_plan(checkpoint, {3, 0, 1, 2}, 35);
+  EXPECT_EQ(plan.items, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(plan.total_bytes, 100u);
+  EXPECT_EQ(plan.largest_tensor, 40u);
+  ASSERT_EQ(plan.groups.size(), 3u);  // {a,b}=30, {c}=30, {d}=40 (alone, over the limit)
+  EXPECT_EQ(plan.groups[0].item_count, 2u);
+  EXPECT_EQ(plan.groups[0].length, 30u);
+  EXPECT_EQ(plan.groups[2].length, 40u);
+  EXPECT_EQ(plan.group_of, (std::vector<size_t>{0, 0, 1, 2}));
+  auto single = plan::make_read_plan(checkpoint, {0, 1, 2, 3}, 0);
+  EXPECT_EQ(single.groups.size(), 4u);
+}
+
+TEST(ReadPlan, SelectionReadsOnlySelectedRanges) {
+  TempDir dir;
+  format::Checkpoint checkpoint({write_four(dir)});
+  auto plan = plan::make_read_plan(checkpoint, {0, 2}, 1 << 20);  // a and c do not touch
+  ASSERT_EQ(plan.groups.size(), 2u);
+  EXPECT_EQ(plan.groups[0].length + plan.groups[1].length, 40u);
+  EXPECT_EQ(plan.groups[1].file_offset, checkpoint.tensors()[2].file_offset);
+}
+
+TEST(ReadPlan, PiecesCoverTheGroupExactly) {
+  auto pieces = plan::split_into_pieces(25, 10);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[2].offset, 20u);
+  EXPECT_EQ(pieces[2].length, 5u);
+  EXPECT_TRUE(plan::split_into_pieces(0, 10).empty());
+}
+
+TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {
+  TempDir dir;
+  std::string path = dir.file("data.bin");
+  std::string content(1 << 20, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 31 + 7);
+  testing::write_bytes(path, content);
+  int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string out(content.size(), '\0');
+  {
+    auto backend = io::make_pread_pool(3);
+    for (uint64_t i = 0; i < 16; ++i) {
+      backend->submit(io::ReadRequest{fd, i * 65536, 65536, out.data() + i * 65536, i});
+    }
+    std::set<uint64_t> tags;
+    while (backend->in_flight() > 0) {
+      auto done = backend->wait_completion();
+      EXPECT_EQ(done.error, 0);
+      EXPECT_FALSE(done.truncated);
+      EXPECT_EQ(done.bytes, 65536u);
+      tags.insert(done.tag);
+    }
+    EXPECT_EQ(tags.size(), 16u);
+    EXPECT_EQ(out, content);
+
+    std::string tail(100, '\0');
+    backend->submit(io::ReadRequest{fd, content.size() - 10, 100, tail.data(), 99});
+    auto short_read = backend->wait_completion();
+    EXPECT_TRUE(short_read.truncated);
+    EXPECT_EQ(short_read.bytes, 10u);
+
+    backend->submit(io::ReadRequest{-1, 0, 10, tail.data(), 5});
+    auto failed = backend->wait_completion();
+    EXPECT_EQ(failed.error, EBADF);
+  }
+  ::close(fd);
+}
+
+TEST(PreadPool, DestructionJoinsWorkersWithRequestsQueued) {
+  int threads_before = testing::thread_count();
+  TempDir dir;
+  std::string path = dir.file("data.bin");
+  testing::write_bytes(path, std::string(1 << 16, 'z'));
+  int fd = ::open(path.c_str(), O_RDONLY);
+  std::string out(1 << 16, '\0');
+  {
+    auto backend = io::make_pread_pool(4);
+    EXPECT_EQ(testing::thread_count(), threads_before + 4);
+    for (int i = 0; i < 64; ++i) backend->submit(io::ReadRequest{fd, 0, 1 << 16, out.data(), 0});
+  }
+  EXPECT_EQ(testing::thread_count(), threads_before);
+  ::close(fd);
+}
+
+TEST(RingAllocator, FifoPlacementWrapsAndKeepsPhase) {
+  pool::RingAllocator ring(1000, 64);
+  auto a = ring.allocate(400, 0);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(*a, 0u);
+  auto b = ring.allocate(400, 3);  // phase 3: starts at 448 + 3 = 451
+  ASSERT_TRUE(b);
+  EXPECT_EQ(*b % 64, 3u);
+  EXPECT_GE(*b, 400u);
+  EXPECT_FALSE(ring.allocate(300, 0));  // neither after b nor before a
+  ring.release_oldest();               // a goes
+  auto c = ring.allocate(300, 0);      // wraps to the front
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*c, 0u);
+  EXPECT_FALSE(ring.allocate(200, 0));  // between c's end (300) and b (451): 151 bytes only
+  auto d = ring.allocate(100, 0);       // 320..420 fits before b
+  ASSERT_TRUE(d);
+  EXPECT_EQ(*d, 320u);
+  ring.release_oldest();
+  ring.release_oldest();
+  ring.release_oldest();
+  EXPECT_TRUE(ring.empty());
+  auto whole = ring.allocate(1000, 0);
+  ASSERT_TRUE(whole);
+  EXPECT_FALSE(ring.allocate(1, 0));
+}
+
+TEST(RingAllocator, RandomizedNeverOverlapsLiveRegions) {
+  pool::RingAllocator ring(4096, 64);
+  std::deque<std::pair<uint64_t, uint64_t>> live;
+  uint32_t seed = 12345;
+  auto next_random = [&] { return seed = seed * 1664525u + 1013904223u; };
+  for (int step = 0; step < 20000; ++step) {
+    uint64_t size = 1 + next_random() % 900;
+    auto at = ring.allocate(size, next_random() % 64);
+    if (!at) {
+      ASSERT_FALSE(live.empty()) << "an empty ring refused " << size << " bytes";
+      ring.release_oldest();
+      live.pop_front();
+      continue;
+    }
+    ASSERT_LE(*at + size, 4096u);
+    for (const auto& [begin, end] : live) {
+      ASSERT_TRUE(*at + size <= begin || *at >= end) << "overlap at step " << step;
+    }
+    live.emplace_back(*at, *at + size);
+  }
+}
+
+}  // namespace
+}  // namespace instanttensor

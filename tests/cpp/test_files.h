@@ -1,0 +1,32 @@
+// Helpers for tests: temporary folders and hand-made safetensors bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace instanttensor::testing {
+
+// A fresh folder under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The 8-byte little-endian length prefix.
+std::string le64(uint64_t value);
+// prefix(len(header)) + header + data.
+std::string safetensors_bytes(const std::string& header, const std::string& data);
+void write_bytes(const std::string& path, const std::string& bytes);
+std::string read_bytes(const std::string& path);
+// Open fds of this process (counts /proc/self/fd entries).
+int open_fd_count();
+// Threads of this process (from /proc/self/status).
+int thread_count();
+
+}  // namespace instanttensor::testing
