@@ -25,6 +25,28 @@ std::vector<at::Tensor> load_tensors(std::vector<std::string> files, std::vector
   return out;
 }
 
+// torch.ops.instanttensor.save_file: safetensors.torch.save_file semantics; metadata as two
+// parallel lists (a schema-friendly dict), absent when has_metadata is false.
+void save_tensors(std::vector<at::Tensor> tensors, std::vector<std::string> names, std::string file,
+                  std::vector<std::string> metadata_keys, std::vector<std::string> metadata_values,
+                  bool has_metadata) {
+  if (tensors.size() != names.size() || metadata_keys.size() != metadata_values.size()) {
+    throw Error(ErrorKind::Argument, file, "", "names and tensors differ in length");
+  }
+  std::map<std::string, at::Tensor> named;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!named.emplace(names[i], tensors[i]).second) {
+      throw Error(ErrorKind::Argument, file, names[i], "tensor name given twice");
+    }
+  }
+  std::optional<std::map<std::string, std::string>> metadata;
+  if (has_metadata) {
+    metadata.emplace();
+    for (size_t i = 0; i < metadata_keys.size(); ++i) (*metadata)[metadata_keys[i]] = metadata_values[i];
+  }
+  save_file(named, file, metadata);
+}
+
 std::string build_info() {
   return std::string("instanttensor ") + INSTANTTENSOR_VERSION + " torch " +
          INSTANTTENSOR_TORCH_VERSION;
@@ -67,6 +89,9 @@ class LoaderHolder : public torch::CustomClassHolder {
     return {scalar_type_name(meta.dtype), meta.shape};
   }
   at::Tensor get_tensor(const std::string& name) { return opened_.get_tensor(name); }
+  at::Tensor get_rows(const std::string& name, int64_t start, int64_t stop) {
+    return opened_.get_rows(name, start, stop);
+  }
   void restart() { opened_.restart(); }
   std::optional<std::tuple<std::string, at::Tensor>> next() {
     auto item = opened_.next();
@@ -130,6 +155,9 @@ class LoaderHolder : public torch::CustomClassHolder {
 
 TORCH_LIBRARY(instanttensor, m) {
   m.def("load_tensors(str[] files, str[] names, Device device) -> Tensor[]");
+  m.def(
+      "save_file(Tensor[] tensors, str[] names, str file, str[] metadata_keys, "
+      "str[] metadata_values, bool has_metadata) -> ()");
   m.def("build_info() -> str", &build_info);
   m.class_<LoaderHolder>("Loader")
       .def(torch::init<std::vector<std::string>, c10::Device, bool,
@@ -142,6 +170,7 @@ TORCH_LIBRARY(instanttensor, m) {
       .def("metadata", &LoaderHolder::metadata)
       .def("get_tensor_metadata", &LoaderHolder::get_tensor_metadata)
       .def("get_tensor", &LoaderHolder::get_tensor)
+      .def("get_rows", &LoaderHolder::get_rows)
       .def("restart", &LoaderHolder::restart)
       .def("next", &LoaderHolder::next)
       .def("stats", &LoaderHolder::stats)
@@ -154,6 +183,7 @@ TORCH_LIBRARY(instanttensor, m) {
 
 TORCH_LIBRARY_IMPL(instanttensor, CompositeExplicitAutograd, m) {
   m.impl("load_tensors", &load_tensors);
+  m.impl("save_file", &save_tensors);
 }
 
 }  // namespace instanttensor

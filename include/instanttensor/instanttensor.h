@@ -87,6 +87,9 @@ class SafeOpen {
   TensorMetadata get_tensor_metadata(const std::string& name) const;
   // An owned tensor, in any order, any number of times. Error(Key) for an unselected name.
   at::Tensor get_tensor(const std::string& name);
+  // Rows [start, stop) of dimension 0 of a tensor, as an owned tensor; only their bytes are
+  // read. Error(Argument) for a 0-d tensor or rows out of range.
+  at::Tensor get_rows(const std::string& name, int64_t start, int64_t stop);
 
   // Starts a new pass over the selected tensors in storage order (abandoning any pass underway).
   void restart();

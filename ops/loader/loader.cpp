@@ -93,10 +93,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   uint64_t max_group = options_.copy ? 0 : std::min(chunk_size_, buffer_size_ / 4);
   plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), max_group);
 
-  // Only the pread pool exists in this build; every other name in the chain falls back to it.
-  int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
-  backend_ = io::make_pread_pool(threads);
-  stats_.backend = backend_->name();
+  stats_.backend = "pread";
   stats_.buffer_size = buffer_size_;
   stats_.open_seconds = seconds_since(start);
 }
@@ -146,10 +143,7 @@ std::optional<std::map<std::string, std::string>> Loader::metadata() const {
 
 TensorMetadata Loader::get_tensor_metadata(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto& t = checkpoint_->tensors()[checkpoint_->index_of(name)];
-  if (!std::binary_search(plan_.items.begin(), plan_.items.end(), checkpoint_->index_of(name))) {
-    throw Error(ErrorKind::Key, file_of(t), name, "tensor is not among the selected keys");
-  }
+  const auto& t = selected_tensor(name);
   return TensorMetadata{loader::to_torch_dtype(t.entry->dtype, file_of(t), name),
                         loader::to_torch_shape(*t.entry, file_of(t))};
 }
@@ -164,6 +158,17 @@ void Loader::ensure_ring() {
   // Pre-faulted once: borrowed reads then never pay first-touch page faults.
   ring_memory_ = pool::allocate_host(buffer_size_, /*prefault=*/true, "the borrow buffer");
   ring_ = std::make_unique<pool::RingAllocator>(buffer_size_, kRingAlignment);
+}
+
+io::ReadBackend& Loader::backend() {
+  if (!backend_) {
+    // Started on first read, so opening only to list keys or shapes costs no threads. Only the
+    // pread pool exists in this build; every other name in the chain falls back to it.
+    int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
+    backend_ = io::make_pread_pool(threads);
+    stats_.backend = backend_->name();
+  }
+  return *backend_;
 }
 
 void Loader::drain_in_flight() noexcept {
@@ -288,7 +293,7 @@ void Loader::submit_group(size_t g) {
   int fd = checkpoint_->files()[group.file_index].fd;
   state.pending = pieces.size();
   for (const auto& piece : pieces) {
-    backend_->submit(io::ReadRequest{fd, group.file_offset + piece.offset, piece.length,
+    backend().submit(io::ReadRequest{fd, group.file_offset + piece.offset, piece.length,
                                      state.dest + piece.offset, g});
   }
 }
@@ -331,10 +336,10 @@ void Loader::handle_completion(const io::ReadCompletion& completion) {
 void Loader::wait_for_group(size_t g) {
   auto start = Clock::now();
   while (!groups_[g].done) {
-    if (backend_->in_flight() == 0) {
+    if (backend().in_flight() == 0) {
       throw Error(ErrorKind::Io, "", "", "internal: waiting for a read that was never submitted");
     }
-    handle_completion(backend_->wait_completion());
+    handle_completion(backend().wait_completion());
     pump();
   }
   stats_.wait_seconds += seconds_since(start);
@@ -403,25 +408,25 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
   return hand_out(item);
 }
 
-at::Tensor Loader::get_tensor(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  ensure_open();
+const format::IndexedTensor& Loader::selected_tensor(const std::string& name) const {
   size_t index = checkpoint_->index_of(name);
   const auto& t = checkpoint_->tensors()[index];
-  const std::string& file = file_of(t);
   if (!std::binary_search(plan_.items.begin(), plan_.items.end(), index)) {
-    throw Error(ErrorKind::Key, file, name, "tensor is not among the selected keys");
+    throw Error(ErrorKind::Key, file_of(t), name, "tensor is not among the selected keys");
   }
+  return t;
+}
+
+c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTensor& t,
+                                                       uint64_t offset, uint64_t nbytes) {
   if (pass_error_) throw *pass_error_;
   checkpoint_->check_unchanged();
-  auto dtype = loader::to_torch_dtype(t.entry->dtype, file, name);
-  auto shape = loader::to_torch_shape(*t.entry, file);
-  auto storage = make_storage(pool::allocate_host(t.nbytes, false, "a tensor"), t.nbytes);
+  auto storage = make_storage(pool::allocate_host(nbytes, false, "a tensor"), nbytes);
   auto* dest = static_cast<uint8_t*>(storage->mutable_data());
-  auto pieces = plan::split_into_pieces(t.nbytes, chunk_size_);
+  auto pieces = plan::split_into_pieces(nbytes, chunk_size_);
   int fd = checkpoint_->files()[t.file_index].fd;
   for (const auto& piece : pieces) {
-    backend_->submit(io::ReadRequest{fd, t.file_offset + piece.offset, piece.length,
+    backend().submit(io::ReadRequest{fd, t.file_offset + offset + piece.offset, piece.length,
                                      dest + piece.offset, kRandomAccessTag});
   }
   // Completions of iteration reads may arrive in between; they are booked as usual.
@@ -429,7 +434,7 @@ at::Tensor Loader::get_tensor(const std::string& name) {
   size_t remaining = pieces.size();
   std::optional<Error> failure;
   while (remaining > 0) {
-    io::ReadCompletion completion = backend_->wait_completion();
+    io::ReadCompletion completion = backend().wait_completion();
     if (!(completion.tag & kRandomAccessTag)) {
       try {
         handle_completion(completion);
@@ -446,7 +451,40 @@ at::Tensor Loader::get_tensor(const std::string& name) {
   }
   stats_.wait_seconds += seconds_since(start);
   if (failure) throw *failure;
+  return storage;
+}
+
+at::Tensor Loader::get_tensor(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_open();
+  const auto& t = selected_tensor(name);
+  auto dtype = loader::to_torch_dtype(t.entry->dtype, file_of(t), name);
+  auto shape = loader::to_torch_shape(*t.entry, file_of(t));
+  auto storage = read_owned(t, 0, t.nbytes);
   stats_.tensors_loaded += 1;
+  return to_target_device(tensor_over(std::move(storage), dtype, shape));
+}
+
+at::Tensor Loader::get_rows(const std::string& name, int64_t start, int64_t stop) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_open();
+  const auto& t = selected_tensor(name);
+  auto dtype = loader::to_torch_dtype(t.entry->dtype, file_of(t), name);
+  auto shape = loader::to_torch_shape(*t.entry, file_of(t));
+  if (shape.empty()) {
+    throw Error(ErrorKind::Argument, file_of(t), name, "a 0-d tensor has no rows to slice");
+  }
+  int64_t rows = shape[0];
+  if (start < 0 || stop < start || stop > rows) {
+    throw Error(ErrorKind::Argument, file_of(t), name,
+                "rows [" + std::to_string(start) + ", " + std::to_string(stop) +
+                    ") are outside [0, " + std::to_string(rows) + ")");
+  }
+  uint64_t row_bytes = rows == 0 ? 0 : t.nbytes / static_cast<uint64_t>(rows);
+  shape[0] = stop - start;
+  // Rows are contiguous in a row-major file: only their byte range is read.
+  auto storage = read_owned(t, static_cast<uint64_t>(start) * row_bytes,
+                            static_cast<uint64_t>(stop - start) * row_bytes);
   return to_target_device(tensor_over(std::move(storage), dtype, shape));
 }
 

@@ -33,6 +33,7 @@ class Loader {
   std::optional<std::map<std::string, std::string>> metadata() const;
   TensorMetadata get_tensor_metadata(const std::string& name) const;
   at::Tensor get_tensor(const std::string& name);
+  at::Tensor get_rows(const std::string& name, int64_t start, int64_t stop);
   void restart();
   std::optional<std::pair<std::string, at::Tensor>> next();
   Stats stats() const;
@@ -77,6 +78,11 @@ class Loader {
   const std::string& file_of(const format::IndexedTensor& t) const;
   at::Tensor to_target_device(at::Tensor tensor) const;
   void ensure_ring();
+  io::ReadBackend& backend();
+  const format::IndexedTensor& selected_tensor(const std::string& name) const;
+  // Reads [offset, offset + nbytes) of tensor `t` into a fresh owned storage, synchronously.
+  c10::intrusive_ptr<c10::StorageImpl> read_owned(const format::IndexedTensor& t, uint64_t offset,
+                                                  uint64_t nbytes);
 
   mutable std::mutex mutex_;
   loader::ResolvedOptions options_;

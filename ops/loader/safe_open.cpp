@@ -23,6 +23,9 @@ TensorMetadata SafeOpen::get_tensor_metadata(const std::string& name) const {
   return loader_->get_tensor_metadata(name);
 }
 at::Tensor SafeOpen::get_tensor(const std::string& name) { return loader_->get_tensor(name); }
+at::Tensor SafeOpen::get_rows(const std::string& name, int64_t start, int64_t stop) {
+  return loader_->get_rows(name, start, stop);
+}
 void SafeOpen::restart() { loader_->restart(); }
 std::optional<std::pair<std::string, at::Tensor>> SafeOpen::next() { return loader_->next(); }
 Stats SafeOpen::stats() const { return loader_->stats(); }

@@ -1,0 +1,18 @@
+"""instanttensor: safetensors checkpoints into torch tensors at the speed of the storage.
+
+A drop-in for the upstream InstantTensor API (which vLLM's `--load-format instanttensor`
+imports) and for `safetensors.torch`, on a C++ engine registered as `torch.ops.instanttensor.*`
+and `torch.classes.instanttensor.Loader`.
+"""
+
+from ._library import load_library
+
+load_library()
+
+from . import _fake  # noqa: E402,F401  (registers the fake kernels)
+from ._files import load_file, save_file  # noqa: E402
+from ._safe_open import SafeSlice, safe_open  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["safe_open", "SafeSlice", "load_file", "save_file", "__version__"]

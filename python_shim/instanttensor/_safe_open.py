@@ -1,0 +1,236 @@
+"""safe_open: the upstream InstantTensor API and safetensors' safe_open on one engine."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Sequence, Union
+
+import torch
+
+from ._device import DeviceLike, to_device
+from ._dtypes import format_name, torch_dtype
+from ._errors import engine_errors
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _paths(filename: PathLike | Sequence[PathLike]) -> list[str]:
+    if isinstance(filename, (str, os.PathLike)):
+        return [os.fspath(filename)]
+    paths = [os.fspath(f) for f in filename]
+    if not paths:
+        raise ValueError("safe_open needs at least one file")
+    return paths
+
+
+def _optional_int(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    if value <= 0:
+        raise ValueError(f"{name}={value} must be a positive integer")
+    return value
+
+
+def _world_size(process_group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(process_group)
+
+
+class SafeSlice:
+    """safetensors' slice object: shape and dtype without reading, then `[...]` indexing.
+
+    Indexing reads only the rows of dimension 0 that the index touches (one contiguous byte
+    range of the file); the rest of the index is applied to those rows.
+    """
+
+    def __init__(self, owner: "safe_open", name: str) -> None:
+        self._owner = owner
+        self._name = name
+        self._dtype, self._shape = owner.get_tensor_metadata(name)
+
+    def get_shape(self) -> list[int]:
+        return list(self._shape)
+
+    def get_dtype(self) -> str:
+        return format_name(self._dtype)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        if not isinstance(index, tuple):
+            index = (index,)
+        if len(self._shape) == 0 or not index or index[0] is Ellipsis:
+            return self._owner.get_tensor(self._name)[index]
+        first, rest = index[0], index[1:]
+        rows = self._shape[0]
+        if isinstance(first, int) and not isinstance(first, bool):
+            position = first + rows if first < 0 else first
+            if not 0 <= position < rows:
+                raise IndexError(f"index {first} is out of bounds for dimension 0 of size {rows}")
+            return self._owner._rows(self._name, position, position + 1)[(0,) + rest]
+        if isinstance(first, slice):
+            start, stop, step = first.indices(rows)
+            if step > 0:
+                stop = max(start, stop)
+                last = start + ((stop - start - 1) // step) * step + 1 if stop > start else start
+                block = self._owner._rows(self._name, start, last)
+                return block[(slice(None, None, step),) + rest]
+        return self._owner.get_tensor(self._name)[index]
+
+
+class safe_open:  # noqa: N801 - the name both peer APIs use
+    """Opens one or many safetensors files (sorted by name) and validates them up front.
+
+    Drop-in for upstream InstantTensor's and safetensors' `safe_open`:
+
+        with safe_open(files, framework="pt", device="cpu") as f:
+            for name, tensor in f.tensors():      # storage order, pipelined, repeatable
+                ...
+            w = f.get_tensor("lm_head.weight")    # random access, owned
+            part = f.get_slice("embed")[0:128]    # reads only those rows
+
+    copy=True (default): every tensor owns exactly its bytes and outlives the context.
+    copy=False: tensors from tensors() are zero-copy views of a bounded buffer, valid at least
+    until the iteration advances; one still referenced when its memory is needed again is first
+    copied out (stats()["materializations"]), so kept tensors never change. Pointers exported
+    earlier (data_ptr(), DLPack, numpy) keep pointing at the old buffer region.
+
+    Errors: FileNotFoundError / PermissionError / OSError for I/O, ValueError for malformed
+    files and bad arguments or environment values, KeyError for unknown names; each message
+    names the file and the tensor.
+    """
+
+    def __init__(
+        self,
+        filename: PathLike | Sequence[PathLike],
+        framework: str = "pt",
+        device: DeviceLike = "cpu",
+        process_group: Any = None,
+        *,
+        copy: bool = True,
+        keys: Sequence[str] | None = None,
+        buffer_size: int | None = None,
+        chunk_size: int | None = None,
+        concurrency: int | None = None,
+        io_depth: int | None = None,
+        max_free_mem_usage: float | None = None,
+        backend: str | Sequence[str] | None = None,
+        load_now: bool = True,
+    ) -> None:
+        self._handle = None
+        if framework not in ("pt", "torch"):
+            raise ValueError(f"framework={framework!r} is not supported; use 'pt'")
+        if process_group is not None and _world_size(process_group) > 1:
+            raise NotImplementedError(
+                "distributed loading (process_group with world size > 1) is not built yet"
+            )
+        if max_free_mem_usage is not None and not (0.0 < float(max_free_mem_usage) <= 1.0):
+            raise ValueError(f"max_free_mem_usage={max_free_mem_usage!r} must be in (0, 1]")
+        if keys is not None:
+            if isinstance(keys, str):
+                raise ValueError("keys must be a list of tensor names, not a string")
+            keys = [str(k) for k in keys]
+        if backend is not None and not isinstance(backend, str):
+            backend = ",".join(backend)
+        self._device = to_device(device)
+        self._files = _paths(filename)
+        self.load_now = load_now  # reads always start at the first step; kept for compatibility
+        with engine_errors():
+            self._handle = torch.classes.instanttensor.Loader(
+                self._files,
+                self._device,
+                bool(copy),
+                keys,
+                _optional_int("buffer_size", buffer_size),
+                _optional_int("chunk_size", chunk_size),
+                _optional_int("concurrency", concurrency),
+                _optional_int("io_depth", io_depth),
+                backend,
+            )
+            self.total_tensor_size: int = self._handle.total_tensor_size()
+            self.buffer_size: int = self._handle.buffer_size()
+        self.copy: bool = bool(copy)
+
+    # -- context manager -------------------------------------------------------------------
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Releases threads, fds and buffers; borrowed tensors still referenced are copied out."""
+        if self._handle is not None:
+            with engine_errors():
+                self._handle.close()
+
+    # -- names and metadata ----------------------------------------------------------------
+    def keys(self) -> list[str]:
+        """Selected tensor names, sorted (as safetensors)."""
+        with engine_errors():
+            return list(self._handle.keys())
+
+    def offset_keys(self) -> list[str]:
+        """Selected tensor names in storage order (files sorted, then by offset)."""
+        with engine_errors():
+            return list(self._handle.offset_keys())
+
+    def metadata(self) -> dict[str, str] | None:
+        """The files' __metadata__, or None when no file has one (as safetensors)."""
+        with engine_errors():
+            if not self._handle.has_metadata():
+                return None
+            return dict(self._handle.metadata())
+
+    def get_tensor_metadata(self, name: str) -> tuple[torch.dtype, torch.Size]:
+        """(dtype, shape) of a tensor without reading its data."""
+        with engine_errors():
+            dtype, shape = self._handle.get_tensor_metadata(name)
+        return torch_dtype(dtype), torch.Size(shape)
+
+    # -- data ------------------------------------------------------------------------------
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) in storage order; every call starts a new pass."""
+        with engine_errors():
+            self._handle.restart()
+        while True:
+            with engine_errors():
+                item = self._handle.next()
+            if item is None:
+                return
+            name, tensor = item
+            del item
+            yield name, tensor
+            del tensor  # the consumer now owns the only reference this frame had
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        """An owned tensor, in any order, any number of times."""
+        with engine_errors():
+            return self._handle.get_tensor(name)
+
+    def get_slice(self, name: str) -> SafeSlice:
+        """A lazy slice object (safetensors API); indexing reads only the needed rows."""
+        return SafeSlice(self, name)
+
+    def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        with engine_errors():
+            return self._handle.get_rows(name, start, stop)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since open: bytes_read, read_requests, materializations, timings, backend."""
+        with engine_errors():
+            counters: dict[str, Any] = {
+                k: (int(v) if float(v).is_integer() and not k.endswith("seconds") else v)
+                for k, v in self._handle.stats().items()
+            }
+            counters["backend"] = self._handle.backend()
+        return counters
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            try:
+                handle.close()
+            except Exception:  # noqa: BLE001 - nothing to report to from a finalizer
+                pass

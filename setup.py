@@ -1,0 +1,72 @@
+"""Builds libinstanttensor.so with CMake against the installed torch and packages it.
+
+    pip install --no-build-isolation .
+
+torch is deliberately not a build requirement: pip would fetch a multi-GB CUDA build into an
+isolated environment, and the library must match the torch that will load it.
+"""
+
+import os
+import subprocess
+import sys
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class CMakeBuild(build_py):
+    """Configures and builds the CMake project, then copies the library into the package."""
+
+    def run(self):
+        super().run()
+        import torch
+        import torch.utils
+
+        build_dir = os.path.join(ROOT, "build", "python")
+        os.makedirs(build_dir, exist_ok=True)
+        generator = ["-G", "Ninja"] if _has_ninja() else []
+        subprocess.check_call(
+            ["cmake", ROOT, *generator, "-DCMAKE_BUILD_TYPE=Release",
+             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+             f"-DPython3_EXECUTABLE={sys.executable}",
+             "-DINSTANTTENSOR_BUILD_TESTS=OFF", "-DINSTANTTENSOR_BUILD_EXAMPLES=OFF"],
+            cwd=build_dir)
+        jobs = str(max(1, os.cpu_count() or 1))
+        subprocess.check_call(["cmake", "--build", ".", "--target", "instanttensor", "-j", jobs],
+                              cwd=build_dir)
+        package_dir = os.path.join(self.build_lib, "instanttensor")
+        os.makedirs(package_dir, exist_ok=True)
+        self.copy_file(os.path.join(build_dir, "libinstanttensor.so"),
+                       os.path.join(package_dir, "libinstanttensor.so"))
+        with open(os.path.join(package_dir, "_build_info.py"), "w") as out:
+            out.write('"""Written by setup.py: what the native library was built against."""\n')
+            out.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+
+
+def _has_ninja():
+    from shutil import which
+
+    return which("ninja") is not None
+
+
+class BinaryDistribution(Distribution):
+    """The wheel carries a native library: never tag it as pure Python."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(
+    name="instanttensor",
+    version="0.1.0",
+    description="Load safetensors checkpoints into torch tensors at the speed of the storage",
+    packages=["instanttensor", "instanttensor.integrations"],
+    package_dir={"instanttensor": "python_shim/instanttensor"},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.11", "tqdm"],
+    cmdclass={"build_py": CMakeBuild},
+    distclass=BinaryDistribution,
+    zip_safe=False,
+)
