@@ -40,4 +40,18 @@ uint32_t dtype_alignment(Dtype dtype) noexcept {
   return bits >= 8 ? bits / 8 : 1;
 }
 
+int dtype_writer_rank(Dtype dtype) noexcept {
+  // Ascending order of the reference implementation's enum (observed in its files' layout).
+  static constexpr Dtype kOrder[kDtypeCount] = {
+      Dtype::BOOL,    Dtype::F4,          Dtype::F6_E2M3,     Dtype::F6_E3M2, Dtype::U8,
+      Dtype::I8,      Dtype::F8_E5M2,     Dtype::F8_E4M3,     Dtype::F8_E8M0, Dtype::F8_E4M3FNUZ,
+      Dtype::F8_E5M2FNUZ, Dtype::I16,     Dtype::U16,         Dtype::F16,     Dtype::BF16,
+      Dtype::I32,     Dtype::U32,         Dtype::F32,         Dtype::C64,     Dtype::F64,
+      Dtype::I64,     Dtype::U64};
+  for (int rank = 0; rank < kDtypeCount; ++rank) {
+    if (kOrder[rank] == dtype) return rank;
+  }
+  return 0;
+}
+
 }  // namespace instanttensor::format

@@ -23,7 +23,11 @@ std::optional<Dtype> dtype_from_name(const std::string& name) noexcept;
 // Bits per element (4 for F4, 6 for F6_*); the format stores sub-byte types packed.
 uint32_t dtype_bits(Dtype dtype) noexcept;
 
-// Natural alignment in bytes the writer orders by (1 for sub-byte types).
+// Natural alignment in bytes (1 for sub-byte types).
 uint32_t dtype_alignment(Dtype dtype) noexcept;
+
+// The reference writer orders data by this rank, descending (its dtype enum order: wider types
+// rank higher), so every tensor is naturally aligned and files come out byte-identical.
+int dtype_writer_rank(Dtype dtype) noexcept;
 
 }  // namespace instanttensor::format

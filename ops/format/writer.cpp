@@ -61,18 +61,24 @@ void write_safetensors(const std::string& path, const std::vector<WriterTensor>&
     order.push_back(&t);
   }
   std::sort(order.begin(), order.end(), [](const WriterTensor* a, const WriterTensor* b) {
-    uint32_t aa = dtype_alignment(a->dtype), ba = dtype_alignment(b->dtype);
-    if (aa != ba) return aa > ba;
+    int ra = dtype_writer_rank(a->dtype), rb = dtype_writer_rank(b->dtype);
+    if (ra != rb) return ra > rb;
     return a->name < b->name;
   });
 
-  nlohmann::json header = nlohmann::json::object();
-  if (metadata != nullptr) header["__metadata__"] = *metadata;
+  // Insertion-ordered, as the reference writer emits it: metadata first, then data order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (metadata != nullptr) {
+    header["__metadata__"] = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : *metadata) header["__metadata__"][key] = value;
+  }
   uint64_t offset = 0;
   for (const WriterTensor* t : order) {
-    header[t->name] = {{"dtype", dtype_name(t->dtype)},
-                       {"shape", t->shape},
-                       {"data_offsets", {offset, offset + t->nbytes}}};
+    nlohmann::ordered_json info = nlohmann::ordered_json::object();
+    info["dtype"] = dtype_name(t->dtype);
+    info["shape"] = t->shape;
+    info["data_offsets"] = {offset, offset + t->nbytes};
+    header[t->name] = std::move(info);
     offset += t->nbytes;
   }
   std::string text;

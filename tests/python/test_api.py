@@ -1,0 +1,166 @@
+"""The public Python API: arguments, environment variables, metadata, selection, stats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open as reference_open
+
+import instanttensor
+from conftest import same_bytes
+
+
+def test_upstream_call_shape_and_attributes(model_files):
+    paths, tensors = model_files
+    f = instanttensor.safe_open(paths, "pt", "cpu", None, copy=True, buffer_size=1 << 20,
+                                chunk_size=4096, concurrency=2, io_depth=8,
+                                max_free_mem_usage=0.5, backend="BUFFERED", load_now=True)
+    assert f.total_tensor_size == sum(t.nbytes for t in tensors.values())
+    assert f.buffer_size == 1 << 20
+    assert f.offset_keys()[0] == "layers.0.attn.weight"  # file 1; F32 ahead of BF16, then name
+    assert f.keys() == sorted(tensors)
+    names = [n for n, _ in f.tensors()]
+    assert names == f.offset_keys()
+    f.close()
+
+
+def test_metadata_none_when_absent(tmp_path):
+    from safetensors.torch import save_file
+
+    path = str(tmp_path / "plain.safetensors")
+    save_file({"x": torch.ones(2)}, path)
+    with instanttensor.safe_open(path) as f, reference_open(path, framework="pt") as ref:
+        assert f.metadata() is None
+        assert ref.metadata() is None
+        assert f.get_tensor_metadata("x") == (torch.float32, torch.Size([2]))
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "CPU".lower()])
+def test_device_forms(model_files, device):
+    paths, tensors = model_files
+    with instanttensor.safe_open(paths, device=device) as f:
+        assert f.get_tensor("embed.weight").device.type == "cpu"
+
+
+def test_bad_arguments_are_value_errors(model_files):
+    paths, _ = model_files
+    with pytest.raises(ValueError, match="framework"):
+        instanttensor.safe_open(paths, framework="np")
+    with pytest.raises(ValueError):
+        instanttensor.safe_open(paths, device="warp:0")
+    with pytest.raises(ValueError, match="chunk_size"):
+        instanttensor.safe_open(paths, chunk_size=0)
+    with pytest.raises(ValueError, match="max_free_mem_usage"):
+        instanttensor.safe_open(paths, max_free_mem_usage=1.5)
+    with pytest.raises(ValueError, match="backend"):
+        instanttensor.safe_open(paths, backend="teleport")
+    with pytest.raises(ValueError, match="keys"):
+        instanttensor.safe_open(paths, keys="embed.weight")
+    with pytest.raises(ValueError):
+        instanttensor.safe_open([])
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("INSTANTTENSOR_BUFFER_SIZE", "lots"),
+    ("INSTANTTENSOR_CHUNK_SIZE", "-4"),
+    ("INSTANTTENSOR_CONCURRENCY", "0"),
+    ("INSTANTTENSOR_IO_DEPTH", "1.5"),
+    ("INSTANTTENSOR_BACKEND", "nvme-of"),
+    ("INSTANTTENSOR_DEBUG", "true"),
+    ("INSTANTTENSOR_MAX_FREE_MEM_USAGE", "2"),
+])
+def test_bad_environment_values_name_the_variable(model_files, monkeypatch, variable, value):
+    paths, _ = model_files
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable) as info:
+        instanttensor.safe_open(paths)
+    assert "accepted" in str(info.value)
+
+
+def test_environment_sets_defaults_and_arguments_win(model_files, monkeypatch):
+    paths, _ = model_files
+    monkeypatch.setenv("INSTANTTENSOR_BUFFER_SIZE", "2M")
+    with instanttensor.safe_open(paths) as f:
+        assert f.buffer_size == 2 << 20
+    with instanttensor.safe_open(paths, buffer_size=4096) as f:
+        assert f.buffer_size == 4096
+
+
+def test_key_selection_reads_only_selected_bytes(model_files):
+    paths, tensors = model_files
+    wanted = ["layers.6.mlp.weight", "embed.weight"]
+    with instanttensor.safe_open(paths, keys=wanted) as f:
+        assert f.keys() == sorted(wanted)
+        loaded = dict(f.tensors())
+        assert set(loaded) == set(wanted)
+        assert f.total_tensor_size == sum(tensors[k].nbytes for k in wanted)
+        assert f.stats()["bytes_read"] == f.total_tensor_size
+        with pytest.raises(KeyError, match="layers.0.attn.weight"):
+            f.get_tensor("layers.0.attn.weight")
+    with pytest.raises(KeyError, match="nope"):
+        instanttensor.safe_open(paths, keys=["nope"])
+
+
+def test_unknown_name_is_key_error_naming_file_and_tensor(model_files):
+    paths, _ = model_files
+    with instanttensor.safe_open(paths) as f:
+        with pytest.raises(KeyError) as info:
+            f.get_tensor("missing.weight")
+        assert "missing.weight" in str(info.value)
+        assert "model-00001-of-00002.safetensors" in str(info.value)
+
+
+def test_usable_without_with_and_after_close(model_files):
+    paths, tensors = model_files
+    f = instanttensor.safe_open(paths[0])
+    assert same_bytes(f.get_tensor("embed.weight"), tensors["embed.weight"])
+    f.close()
+    f.close()
+    assert f.keys()  # names stay readable
+    with pytest.raises(ValueError, match="closed"):
+        f.get_tensor("embed.weight")
+
+
+def test_stats_report_bytes_and_backend(model_files):
+    paths, tensors = model_files
+    with instanttensor.safe_open(paths) as f:
+        for _ in f.tensors():
+            pass
+        stats = f.stats()
+    assert stats["bytes_read"] == sum(t.nbytes for t in tensors.values())
+    assert stats["tensors_loaded"] == len(tensors)
+    assert stats["backend"] == "pread"
+    assert stats["read_seconds"] >= 0 and isinstance(stats["read_seconds"], float)
+
+
+def test_save_file_refuses_what_safetensors_refuses(tmp_path):
+    base = torch.randn(4, 4)
+    with pytest.raises(ValueError, match="contiguous"):
+        instanttensor.save_file({"t": base.t()}, str(tmp_path / "a.safetensors"))
+    with pytest.raises(RuntimeError, match="share memory"):
+        instanttensor.save_file({"a": base, "b": base[1]}, str(tmp_path / "b.safetensors"))
+    with pytest.raises(ValueError, match="metadata"):
+        instanttensor.save_file({"a": base}, str(tmp_path / "c.safetensors"), metadata={"n": 1})
+    instanttensor.save_file({"a": base[0], "b": base[1]}, str(tmp_path / "d.safetensors"))
+    loaded = instanttensor.load_file(tmp_path / "d.safetensors")
+    assert same_bytes(loaded["b"], base[1].clone())
+
+
+def test_version_and_build_info():
+    assert instanttensor.__version__
+    info = torch.ops.instanttensor.build_info()
+    assert torch.__version__.split("+")[0] in info
+
+
+def test_version_mismatch_is_an_import_error_naming_both(monkeypatch):
+    from instanttensor import _library
+
+    monkeypatch.setattr(_library, "_loaded_path", None)
+    monkeypatch.setattr(_library.torch, "__version__", "1.0.0+cpu")
+    with pytest.raises(ImportError) as info:
+        _library.load_library()
+    message = str(info.value)
+    assert "1.0.0+cpu" in message and "rebuild" in message
+    from instanttensor._build_info import TORCH_VERSION
+
+    assert TORCH_VERSION in message
