@@ -1,0 +1,142 @@
+"""Hostile and broken files from Python: a clear exception naming the file, never a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import instanttensor
+
+
+def raw(header: str | bytes, data: bytes = b"", length: int | None = None) -> bytes:
+    header_bytes = header.encode() if isinstance(header, str) else header
+    size = len(header_bytes) if length is None else length
+    return struct.pack("<Q", size) + header_bytes + data
+
+
+def entry(dtype: str, shape: list, begin: int, end: int) -> dict:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def one(name: str, e: dict) -> str:
+    return json.dumps({name: e})
+
+
+HOSTILE = {
+    "too_small": b"\x01\x02",
+    "header_too_large": struct.pack("<Q", 100_000_001) + b"{}",
+    "header_past_end": struct.pack("<Q", 4096) + b"{}",
+    "not_utf8": raw(b'{"\xff":1}'),
+    "not_json": raw("{nope"),
+    "nul_padding": raw(b"{}\x00\x00\x00\x00\x00\x00"),
+    "top_level_list": raw("[]"),
+    "unknown_dtype": raw(one("w", entry("F33", [1], 0, 4)), b"\0" * 4),
+    "negative_dim": raw(one("w", entry("F32", [-1], 0, 4)), b"\0" * 4),
+    "fractional_dim": raw(one("w", entry("F32", [1.5], 0, 4)), b"\0" * 4),
+    "overflowing_shape": raw(one("w", entry("F32", [2**32, 2**32, 4], 0, 4)), b"\0" * 4),
+    "gap": raw(one("w", entry("F32", [1], 4, 8)), b"\0" * 8),
+    "overlap": raw(json.dumps({"a": entry("F32", [2], 0, 8), "b": entry("F32", [1], 4, 8)}),
+                   b"\0" * 8),
+    "span_mismatch": raw(one("w", entry("F32", [4], 0, 8)), b"\0" * 8),
+    "trailing_bytes": raw(one("w", entry("F32", [1], 0, 4)), b"\0" * 8),
+    "truncated": raw(one("w", entry("F32", [4], 0, 16)), b"\0" * 8),
+    "duplicate_name": raw('{"w":' + json.dumps(entry("F32", [1], 0, 4)) + ',"w":'
+                          + json.dumps(entry("F32", [1], 0, 4)) + "}", b"\0" * 4),
+    "metadata_not_strings": raw(json.dumps({"__metadata__": {"a": 1}}), b""),
+    "tensor_named_metadata": raw(one("__metadata__", entry("F32", [1], 0, 4)), b"\0" * 4),
+    "f6_dtype": raw(one("w", entry("F6_E2M3", [4], 0, 3)), b"\0" * 3),
+}
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    import instanttensor
+    results = {}
+    for label, path in json.loads(sys.argv[1]).items():
+        try:
+            with instanttensor.safe_open(path) as f:
+                for name, tensor in f.tensors():
+                    pass
+            results[label] = ["no error", ""]
+        except Exception as error:  # what a user sees
+            results[label] = [type(error).__name__, str(error)]
+    print(json.dumps(results))
+""")
+
+
+def test_every_hostile_file_raises_in_a_subprocess(tmp_path):
+    paths = {}
+    for label, data in HOSTILE.items():
+        path = tmp_path / f"{label}.safetensors"
+        path.write_bytes(data)
+        paths[label] = str(path)
+    paths["missing"] = str(tmp_path / "missing.safetensors")
+    paths["directory"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(paths)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    for label, path in paths.items():
+        kind, message = results[label]
+        assert kind != "no error", label
+        assert path in message, (label, message)
+        expected = {"missing": "FileNotFoundError"}.get(label, "ValueError")
+        assert kind == expected, (label, kind, message)
+
+
+def test_f6_names_tensor_and_dtype(tmp_path):
+    path = tmp_path / "f6.safetensors"
+    path.write_bytes(HOSTILE["f6_dtype"])
+    with instanttensor.safe_open(str(path)) as f:
+        with pytest.raises(ValueError, match="F6_E2M3") as info:
+            f.get_tensor("w")
+        assert "'w'" in str(info.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another user")
+def test_unreadable_file_is_permission_error(tmp_path):
+    path = tmp_path / "locked.safetensors"
+    instanttensor.save_file({"x": torch.ones(1)}, str(path))
+    path.chmod(0)
+    tmp_path.chmod(0o755)
+    code = textwrap.dedent(f"""
+        import os, sys
+        import instanttensor  # imported as root: nobody cannot read root's site-packages
+        os.setuid(65534)
+        try:
+            instanttensor.safe_open({str(path)!r})
+        except PermissionError as error:
+            sys.exit(0 if {str(path)!r} in str(error) else 2)
+        sys.exit(1)
+    """)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_file_changed_after_open_raises_oserror_naming_it(model_files):
+    paths, _ = model_files
+    f = instanttensor.safe_open(paths)
+    os.truncate(paths[1], 64)
+    with pytest.raises(OSError) as info:
+        list(f.tensors())
+    assert paths[1] in str(info.value)
+    f.close()
+
+
+def test_process_survives_and_opens_the_next_checkpoint(model_files, tmp_path):
+    paths, tensors = model_files
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(HOSTILE["gap"])
+    for _ in range(20):
+        with pytest.raises(ValueError):
+            instanttensor.safe_open([paths[0], str(bad)])
+    with instanttensor.safe_open(paths) as f:
+        assert len(list(f.tensors())) == len(tensors)
