@@ -9,7 +9,6 @@ namespace instanttensor {
 
 namespace {
 
-
 // torch.ops.instanttensor.load_tensors: owned, contiguous tensors in the order of `names`, each
 // with its own storage. Headers are read and validated again on every call, so a file changed
 // since tracing is an error, not a wrong shape.
@@ -42,7 +41,8 @@ void save_tensors(std::vector<at::Tensor> tensors, std::vector<std::string> name
   std::optional<std::map<std::string, std::string>> metadata;
   if (has_metadata) {
     metadata.emplace();
-    for (size_t i = 0; i < metadata_keys.size(); ++i) (*metadata)[metadata_keys[i]] = metadata_values[i];
+    for (size_t i = 0; i < metadata_keys.size(); ++i)
+      (*metadata)[metadata_keys[i]] = metadata_values[i];
   }
   save_file(named, file, metadata);
 }
@@ -124,27 +124,48 @@ class LoaderHolder : public torch::CustomClassHolder {
   static std::string scalar_type_name(c10::ScalarType t) {
     // The attribute name on the torch module, e.g. "bfloat16", "float8_e4m3fn", "uint16".
     switch (t) {
-      case c10::ScalarType::Bool: return "bool";
-      case c10::ScalarType::Byte: return "uint8";
-      case c10::ScalarType::Char: return "int8";
-      case c10::ScalarType::Short: return "int16";
-      case c10::ScalarType::UInt16: return "uint16";
-      case c10::ScalarType::Half: return "float16";
-      case c10::ScalarType::BFloat16: return "bfloat16";
-      case c10::ScalarType::Int: return "int32";
-      case c10::ScalarType::UInt32: return "uint32";
-      case c10::ScalarType::Float: return "float32";
-      case c10::ScalarType::ComplexFloat: return "complex64";
-      case c10::ScalarType::Double: return "float64";
-      case c10::ScalarType::Long: return "int64";
-      case c10::ScalarType::UInt64: return "uint64";
-      case c10::ScalarType::Float8_e5m2: return "float8_e5m2";
-      case c10::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
-      case c10::ScalarType::Float8_e8m0fnu: return "float8_e8m0fnu";
-      case c10::ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
-      case c10::ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
-      case c10::ScalarType::Float4_e2m1fn_x2: return "float4_e2m1fn_x2";
-      default: return c10::toString(t);
+      case c10::ScalarType::Bool:
+        return "bool";
+      case c10::ScalarType::Byte:
+        return "uint8";
+      case c10::ScalarType::Char:
+        return "int8";
+      case c10::ScalarType::Short:
+        return "int16";
+      case c10::ScalarType::UInt16:
+        return "uint16";
+      case c10::ScalarType::Half:
+        return "float16";
+      case c10::ScalarType::BFloat16:
+        return "bfloat16";
+      case c10::ScalarType::Int:
+        return "int32";
+      case c10::ScalarType::UInt32:
+        return "uint32";
+      case c10::ScalarType::Float:
+        return "float32";
+      case c10::ScalarType::ComplexFloat:
+        return "complex64";
+      case c10::ScalarType::Double:
+        return "float64";
+      case c10::ScalarType::Long:
+        return "int64";
+      case c10::ScalarType::UInt64:
+        return "uint64";
+      case c10::ScalarType::Float8_e5m2:
+        return "float8_e5m2";
+      case c10::ScalarType::Float8_e4m3fn:
+        return "float8_e4m3fn";
+      case c10::ScalarType::Float8_e8m0fnu:
+        return "float8_e8m0fnu";
+      case c10::ScalarType::Float8_e4m3fnuz:
+        return "float8_e4m3fnuz";
+      case c10::ScalarType::Float8_e5m2fnuz:
+        return "float8_e5m2fnuz";
+      case c10::ScalarType::Float4_e2m1fn_x2:
+        return "float4_e2m1fn_x2";
+      default:
+        return c10::toString(t);
     }
   }
 

@@ -43,18 +43,18 @@ struct TensorMetadata {
 
 // Counters of one SafeOpen since it was opened.
 struct Stats {
-  uint64_t bytes_read = 0;           // bytes read from storage
-  uint64_t read_requests = 0;        // read requests completed
-  uint64_t tensors_loaded = 0;       // tensors handed out (iteration and get_tensor)
-  uint64_t materializations = 0;     // borrowed tensors copied out before their memory was reused
-  uint64_t misaligned_copies = 0;    // borrowed tensors handed out as copies (unaligned data)
-  uint64_t buffer_size = 0;          // pool bytes (copy=false) or read-ahead budget (copy=true)
-  uint64_t peak_pool_bytes = 0;      // highest pool bytes in use at once
-  double open_seconds = 0;           // opening files and validating headers
-  double read_seconds = 0;           // time inside read calls, summed over workers
-  double wait_seconds = 0;           // time the consumer waited for reads
-  double copy_seconds = 0;           // materializations and copies on the consumer's thread
-  std::string backend;               // the read backend in use
+  uint64_t bytes_read = 0;         // bytes read from storage
+  uint64_t read_requests = 0;      // read requests completed
+  uint64_t tensors_loaded = 0;     // tensors handed out (iteration and get_tensor)
+  uint64_t materializations = 0;   // borrowed tensors copied out before their memory was reused
+  uint64_t misaligned_copies = 0;  // borrowed tensors handed out as copies (unaligned data)
+  uint64_t buffer_size = 0;        // pool bytes (copy=false) or read-ahead budget (copy=true)
+  uint64_t peak_pool_bytes = 0;    // highest pool bytes in use at once
+  double open_seconds = 0;         // opening files and validating headers
+  double read_seconds = 0;         // time inside read calls, summed over workers
+  double wait_seconds = 0;         // time the consumer waited for reads
+  double copy_seconds = 0;         // materializations and copies on the consumer's thread
+  std::string backend;             // the read backend in use
 };
 
 class Loader;  // the engine behind SafeOpen (ops/loader/loader.h)
@@ -112,7 +112,9 @@ class SafeOpen {
     value_type& operator*() { return *current_; }
     value_type* operator->() { return &*current_; }
     Iterator& operator++();
-    bool operator!=(const Iterator& other) const { return current_.has_value() != other.current_.has_value(); }
+    bool operator!=(const Iterator& other) const {
+      return current_.has_value() != other.current_.has_value();
+    }
     bool operator==(const Iterator& other) const { return !(*this != other); }
 
    private:

@@ -42,7 +42,8 @@ ErrorKind error_kind_for_errno(int errno_value) noexcept {
 }
 
 Error system_error(int errno_value, const std::string& file, const std::string& what) {
-  return Error(error_kind_for_errno(errno_value), file, "", what + ": " + std::strerror(errno_value));
+  return Error(error_kind_for_errno(errno_value), file, "",
+               what + ": " + std::strerror(errno_value));
 }
 
 }  // namespace instanttensor

@@ -171,11 +171,10 @@ FileHeader parse_header_json(const std::string& file_name, const char* text, uin
     header.tensors.push_back(parse_entry(file_name, it.key(), *it));
   }
 
-  std::stable_sort(header.tensors.begin(), header.tensors.end(),
-                   [](const TensorEntry& a, const TensorEntry& b) {
-                     return std::make_pair(a.data_begin, a.data_end) <
-                            std::make_pair(b.data_begin, b.data_end);
-                   });
+  std::stable_sort(
+      header.tensors.begin(), header.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+        return std::make_pair(a.data_begin, a.data_end) < std::make_pair(b.data_begin, b.data_end);
+      });
   uint64_t start = 0;
   for (const auto& entry : header.tensors) {
     if (entry.data_begin != start || entry.data_end < entry.data_begin) {

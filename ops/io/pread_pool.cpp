@@ -37,8 +37,7 @@ ReadCompletion perform_read(const ReadRequest& request) {
     }
     done.bytes += static_cast<uint64_t>(got);
   }
-  done.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return done;
 }
 

@@ -54,9 +54,9 @@ void save_file(const std::map<std::string, at::Tensor>& tensors, const std::stri
     const auto& a = spans[i - 1];
     const auto& b = spans[i];
     if (std::get<0>(a) == std::get<0>(b) && std::get<1>(b) < std::get<2>(a)) {
-      throw Error(ErrorKind::Argument, file, std::get<3>(b),
-                  "shares memory with tensor '" + std::get<3>(a) +
-                      "'; clone one of them before saving");
+      throw Error(
+          ErrorKind::Argument, file, std::get<3>(b),
+          "shares memory with tensor '" + std::get<3>(a) + "'; clone one of them before saving");
     }
   }
   format::write_safetensors(file, entries, metadata ? &*metadata : nullptr);

@@ -36,9 +36,9 @@ c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nb
 // float8, unsigned) works the same way.
 at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,
                        const std::vector<int64_t>& shape) {
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(std::move(storage)), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      c10::scalarTypeToTypeMeta(dtype));
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
+                                                         c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                         c10::scalarTypeToTypeMeta(dtype));
   tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
   return tensor;
 }
@@ -86,8 +86,8 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
     } else {
       // Two of the largest (the live one and the next) plus read-ahead, capped by what a pass
       // can possibly hold at once.
-      buffer_size_ = 2 * slot + std::min(total + kRingAlignment * selected.size(),
-                                         kDefaultReadAhead);
+      buffer_size_ =
+          2 * slot + std::min(total + kRingAlignment * selected.size(), kDefaultReadAhead);
     }
   }
   uint64_t max_group = options_.copy ? 0 : std::min(chunk_size_, buffer_size_ / 4);
@@ -246,7 +246,8 @@ bool Loader::place_group(size_t g, bool force) {
       uint64_t nbytes = tensor_of_item(item).nbytes;
       // The read lands in the tensor's own storage: one pass over the bytes.
       items_[item].owned = make_storage(pool::allocate_host(nbytes, false, "a tensor"), nbytes);
-      if (item == group.first_item) state.dest = static_cast<uint8_t*>(items_[item].owned->mutable_data());
+      if (item == group.first_item)
+        state.dest = static_cast<uint8_t*>(items_[item].owned->mutable_data());
     }
     ahead_bytes_ += group.length;
     stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ahead_bytes_);
@@ -268,8 +269,8 @@ bool Loader::place_group(size_t g, bool force) {
   uint64_t offset = 0;
   for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
     uint64_t nbytes = tensor_of_item(item).nbytes;
-    auto storage = make_storage(c10::DataPtr(state.dest + offset, c10::Device(c10::DeviceType::CPU)),
-                                nbytes);
+    auto storage =
+        make_storage(c10::DataPtr(state.dest + offset, c10::Device(c10::DeviceType::CPU)), nbytes);
     items_[item].borrowed = storage.get();
     region.storages.push_back(std::move(storage));
     offset += nbytes;
@@ -367,8 +368,9 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
     return {t.name(), to_target_device(tensor_over(std::move(owned), dtype, shape))};
   }
   if (state.borrowed == nullptr) {  // an empty tensor: nothing in the ring
-    return {t.name(), to_target_device(tensor_over(
-                          make_storage(pool::allocate_host(0, false, "a tensor"), 0), dtype, shape))};
+    return {t.name(),
+            to_target_device(tensor_over(make_storage(pool::allocate_host(0, false, "a tensor"), 0),
+                                         dtype, shape))};
   }
   auto storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(state.borrowed);
   at::Tensor view = tensor_over(std::move(storage), dtype, shape);
@@ -376,7 +378,8 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
   if (reinterpret_cast<uintptr_t>(view.data_ptr()) % itemsize != 0) {
     // Unaligned data in the file: hand out an aligned copy instead of a misaligned view.
     auto start = Clock::now();
-    auto owned = make_storage(pool::allocate_host(t.nbytes, false, "an unaligned tensor"), t.nbytes);
+    auto owned =
+        make_storage(pool::allocate_host(t.nbytes, false, "an unaligned tensor"), t.nbytes);
     std::memcpy(owned->mutable_data(), view.data_ptr(), t.nbytes);
     stats_.misaligned_copies += 1;
     stats_.copy_seconds += seconds_since(start);
@@ -418,7 +421,7 @@ const format::IndexedTensor& Loader::selected_tensor(const std::string& name) co
 }
 
 c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTensor& t,
-                                                       uint64_t offset, uint64_t nbytes) {
+                                                        uint64_t offset, uint64_t nbytes) {
   if (pass_error_) throw *pass_error_;
   checkpoint_->check_unchanged();
   auto storage = make_storage(pool::allocate_host(nbytes, false, "a tensor"), nbytes);

@@ -99,8 +99,8 @@ class Loader {
   std::optional<Error> pass_error_;
   std::vector<GroupState> groups_;
   std::vector<ItemState> items_;
-  size_t next_group_ = 0;  // next group to place and submit
-  size_t next_item_ = 0;   // next item to hand out
+  size_t next_group_ = 0;     // next group to place and submit
+  size_t next_item_ = 0;      // next item to hand out
   uint64_t ahead_bytes_ = 0;  // copy=true: bytes allocated and not yet handed out
 
   // copy=false: the borrow ring, allocated once on first use.

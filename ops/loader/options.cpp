@@ -51,8 +51,8 @@ std::vector<std::string> parse_backends(const std::string& text, const std::stri
   for (const auto& name : known) accepted += (accepted.empty() ? "" : ", ") + name;
   while (start <= text.size()) {
     size_t comma = text.find(',', start);
-    std::string name = text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                      : comma - start);
+    std::string name =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     std::transform(name.begin(), name.end(), name.begin(),
                    [](unsigned char c) { return std::tolower(c); });
     if (std::find(known.begin(), known.end(), name) == known.end()) {
@@ -68,7 +68,7 @@ std::vector<std::string> parse_backends(const std::string& text, const std::stri
 }  // namespace
 
 const std::vector<std::string>& known_backend_names() {
-  static const std::vector<std::string> names = {"auto",  "pread", "buffered",
+  static const std::vector<std::string> names = {"auto",  "pread",          "buffered",
                                                  "uring", "uring_buffered", "mmap"};
   return names;
 }
@@ -85,10 +85,14 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   if (errno != 0) bad(what, text, accepted);
   std::string suffix(end);
   uint64_t scale = 1;
-  if (suffix == "K" || suffix == "k") scale = 1ull << 10;
-  else if (suffix == "M" || suffix == "m") scale = 1ull << 20;
-  else if (suffix == "G" || suffix == "g") scale = 1ull << 30;
-  else if (!suffix.empty()) bad(what, text, accepted);
+  if (suffix == "K" || suffix == "k")
+    scale = 1ull << 10;
+  else if (suffix == "M" || suffix == "m")
+    scale = 1ull << 20;
+  else if (suffix == "G" || suffix == "g")
+    scale = 1ull << 30;
+  else if (!suffix.empty())
+    bad(what, text, accepted);
   if (value == 0 || value > (UINT64_MAX >> 2) / scale) bad(what, text, accepted);
   return value * scale;
 }
@@ -100,7 +104,8 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
   resolved.keys = options.keys;
   resolved.buffer_size =
       positive(options.buffer_size, "buffer_size", "INSTANTTENSOR_BUFFER_SIZE", true);
-  resolved.chunk_size = positive(options.chunk_size, "chunk_size", "INSTANTTENSOR_CHUNK_SIZE", true);
+  resolved.chunk_size =
+      positive(options.chunk_size, "chunk_size", "INSTANTTENSOR_CHUNK_SIZE", true);
   resolved.concurrency = static_cast<int>(
       positive(options.concurrency, "concurrency", "INSTANTTENSOR_CONCURRENCY", false));
   resolved.io_depth =
@@ -116,8 +121,10 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
     resolved.backends = {"auto"};
   }
   if (auto text = env("INSTANTTENSOR_DEBUG")) {
-    if (*text == "1") resolved.debug = true;
-    else if (*text != "0") bad("INSTANTTENSOR_DEBUG", *text, "0 or 1");
+    if (*text == "1")
+      resolved.debug = true;
+    else if (*text != "0")
+      bad("INSTANTTENSOR_DEBUG", *text, "0 or 1");
   }
   // INSTANTTENSOR_MAX_FREE_MEM_USAGE only matters on accelerators, but a bad value is still an
   // error at open so a typo never goes unnoticed.

@@ -46,9 +46,9 @@ Dtype from_torch_dtype(c10::ScalarType dtype, const std::string& file, const std
   for (const auto& pair : kPairs) {
     if (pair.torch == dtype) return pair.format;
   }
-  throw Error(ErrorKind::Argument, file, tensor,
-              std::string("torch dtype ") + c10::toString(dtype) +
-                  " cannot be stored in safetensors");
+  throw Error(
+      ErrorKind::Argument, file, tensor,
+      std::string("torch dtype ") + c10::toString(dtype) + " cannot be stored in safetensors");
 }
 
 std::vector<int64_t> to_torch_shape(const format::TensorEntry& entry, const std::string& file) {

@@ -19,11 +19,11 @@ struct ReadGroup {
 };
 
 struct ReadPlan {
-  std::vector<size_t> items;       // checkpoint tensor indices, storage order
-  std::vector<ReadGroup> groups;   // in storage order; every item in exactly one group
-  std::vector<size_t> group_of;    // item -> group
-  uint64_t total_bytes = 0;        // sum of the selected tensors' bytes
-  uint64_t largest_tensor = 0;     // bytes of the largest selected tensor
+  std::vector<size_t> items;      // checkpoint tensor indices, storage order
+  std::vector<ReadGroup> groups;  // in storage order; every item in exactly one group
+  std::vector<size_t> group_of;   // item -> group
+  uint64_t total_bytes = 0;       // sum of the selected tensors' bytes
+  uint64_t largest_tensor = 0;    // bytes of the largest selected tensor
 };
 
 // Builds the plan for `selected` (checkpoint tensor indices, any order, no duplicates): items

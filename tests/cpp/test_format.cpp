@@ -59,9 +59,9 @@ std::vector<Case> header_cases() {
       {"leading whitespace", safetensors_bytes(" \n\t{" + f32x2 + "}", data8), nullptr, nullptr},
       {"trailing spaces", safetensors_bytes("{" + f32x2 + "}    ", data8), nullptr, nullptr},
       {"unaligned offset",
-       safetensors_bytes("{" + entry("a", "U8", "[1]", 0, 1) + "," +
-                             entry("b", "F32", "[1]", 1, 5) + "}",
-                         std::string(5, '\0')),
+       safetensors_bytes(
+           "{" + entry("a", "U8", "[1]", 0, 1) + "," + entry("b", "F32", "[1]", 1, 5) + "}",
+           std::string(5, '\0')),
        nullptr, nullptr},
       {"empty name", safetensors_bytes("{" + entry("", "U8", "[1]", 0, 1) + "}", "x"), nullptr,
        nullptr},
@@ -79,8 +79,8 @@ std::vector<Case> header_cases() {
        nullptr, nullptr},
       {"scalar", safetensors_bytes("{" + entry("s", "F64", "[]", 0, 8) + "}", data8), nullptr,
        nullptr},
-      {"F4 packs two per byte", safetensors_bytes("{" + entry("q", "F4", "[2,2]", 0, 2) + "}", "ab"),
-       nullptr, nullptr},
+      {"F4 packs two per byte",
+       safetensors_bytes("{" + entry("q", "F4", "[2,2]", 0, 2) + "}", "ab"), nullptr, nullptr},
       {"F6 packs four in three bytes",
        safetensors_bytes("{" + entry("q", "F6_E2M3", "[4]", 0, 3) + "}", "abc"), nullptr, nullptr},
 
@@ -142,25 +142,26 @@ std::vector<Case> header_cases() {
        safetensors_bytes("{" + entry("__metadata__", "F32", "[2]", 0, 8) + "}", data8),
        "InvalidHeaderDeserialization", nullptr},
       {"duplicate name smuggles a second definition",
-       safetensors_bytes("{" + entry("w", "F32", "[2]", 0, 8) + "," +
-                             entry("w", "F32", "[1]", 0, 4) + "}",
-                         data8),
+       safetensors_bytes(
+           "{" + entry("w", "F32", "[2]", 0, 8) + "," + entry("w", "F32", "[1]", 0, 4) + "}",
+           data8),
        "DuplicateTensorName", "w"},
       // Rule 6: offsets and sizes.
       {"gap before the first tensor",
        safetensors_bytes("{" + entry("w", "F32", "[1]", 4, 8) + "}", data8), "InvalidOffset", "w"},
       {"gap between tensors",
-       safetensors_bytes("{" + entry("a", "F32", "[1]", 0, 4) + "," +
-                             entry("b", "F32", "[1]", 8, 12) + "}",
-                         std::string(12, 'x')),
+       safetensors_bytes(
+           "{" + entry("a", "F32", "[1]", 0, 4) + "," + entry("b", "F32", "[1]", 8, 12) + "}",
+           std::string(12, 'x')),
        "InvalidOffset", "b"},
       {"overlap",
-       safetensors_bytes("{" + entry("a", "F32", "[2]", 0, 8) + "," +
-                             entry("b", "F32", "[1]", 4, 8) + "}",
-                         data8),
+       safetensors_bytes(
+           "{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("b", "F32", "[1]", 4, 8) + "}",
+           data8),
        "InvalidOffset", "b"},
-      {"reversed range", safetensors_bytes("{" + entry("w", "U8", "[0]", 0, 0) + "," +
-                                           entry("v", "U8", "[0]", 8, 0) + "}", data8),
+      {"reversed range",
+       safetensors_bytes(
+           "{" + entry("w", "U8", "[0]", 0, 0) + "," + entry("v", "U8", "[0]", 8, 0) + "}", data8),
        "InvalidOffset", nullptr},
       {"element count overflow",
        safetensors_bytes("{" + entry("w", "F32", "[4294967296,4294967296,2]", 0, 8) + "}", data8),
@@ -317,12 +318,11 @@ TEST(Writer, RejectsBadInputWithoutLeavingAFile) {
                                           writer_tensor("a", Dtype::F32, {1}, four)},
                                          nullptr),
                Error);
-  EXPECT_THROW(
-      format::write_safetensors(path, {writer_tensor("__metadata__", Dtype::F32, {1}, four)},
-                                nullptr),
-      Error);
-  EXPECT_THROW(format::write_safetensors(path, {writer_tensor("a", Dtype::F32, {2}, four)}, nullptr),
+  EXPECT_THROW(format::write_safetensors(
+                   path, {writer_tensor("__metadata__", Dtype::F32, {1}, four)}, nullptr),
                Error);
+  EXPECT_THROW(
+      format::write_safetensors(path, {writer_tensor("a", Dtype::F32, {2}, four)}, nullptr), Error);
   EXPECT_NE(::access(path.c_str(), F_OK), 0);
   EXPECT_THROW(format::write_safetensors(dir.file("missing/x.safetensors"), {}, nullptr), Error);
 }
@@ -332,10 +332,10 @@ TEST(CheckpointIndex, SortsFilesAndRejectsCrossFileDuplicates) {
   std::string four(4, 'x');
   format::write_safetensors(dir.file("b.safetensors"), {writer_tensor("b1", Dtype::F32, {1}, four)},
                             nullptr);
-  format::write_safetensors(dir.file("a.safetensors"),
-                            {writer_tensor("a2", Dtype::U8, {4}, four),
-                             writer_tensor("a1", Dtype::F32, {1}, four)},
-                            nullptr);
+  format::write_safetensors(
+      dir.file("a.safetensors"),
+      {writer_tensor("a2", Dtype::U8, {4}, four), writer_tensor("a1", Dtype::F32, {1}, four)},
+      nullptr);
   format::Checkpoint checkpoint({dir.file("b.safetensors"), dir.file("a.safetensors")});
   ASSERT_EQ(checkpoint.tensors().size(), 3u);
   EXPECT_EQ(checkpoint.files()[0].path, dir.file("a.safetensors"));

@@ -1,9 +1,8 @@
 // Loader and the public C++ API on the CPU: iteration, random access, copy and borrow.
 #include <gtest/gtest.h>
+#include <instanttensor/instanttensor.h>
 #include <stdlib.h>
 #include <unistd.h>
-
-#include <instanttensor/instanttensor.h>
 
 #include "test_files.h"
 
@@ -41,7 +40,8 @@ ModelFiles write_model(const TempDir& dir, int layers = 6) {
   second["head.bias"] = at::randint(0, 255, {7}, at::kByte);
   second["empty"] = at::empty({0, 4});
   model.files = {dir.file("model-00002.safetensors"), dir.file("model-00001.safetensors")};
-  save_file(first, dir.file("model-00001.safetensors"), std::map<std::string, std::string>{{"format", "pt"}});
+  save_file(first, dir.file("model-00001.safetensors"),
+            std::map<std::string, std::string>{{"format", "pt"}});
   save_file(second, dir.file("model-00002.safetensors"));
   model.tensors = first;
   model.tensors.insert(second.begin(), second.end());
@@ -227,8 +227,8 @@ TEST(Loader, KeySelectionReadsOnlyTheSelectedBytes) {
       EXPECT_TRUE(same_bytes(tensor, model.tensors[name]));
     }
     EXPECT_EQ(seen, f.offset_keys());
-    uint64_t expected =
-        model.tensors["layers.4.mlp.weight"].nbytes() + model.tensors["layers.0.norm.weight"].nbytes();
+    uint64_t expected = model.tensors["layers.4.mlp.weight"].nbytes() +
+                        model.tensors["layers.0.norm.weight"].nbytes();
     EXPECT_EQ(f.total_tensor_size(), expected);
     EXPECT_EQ(f.stats().bytes_read, expected);
     EXPECT_THROW(f.get_tensor("embed.weight"), Error);
@@ -321,8 +321,7 @@ TEST(Loader, FileChangedAfterOpenIsReportedWithItsName) {
     for (auto& item : f) (void)item;
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model-00002.safetensors"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("model-00002.safetensors"), std::string::npos) << e.what();
   }
 }
 

@@ -131,8 +131,8 @@ TEST(RingAllocator, FifoPlacementWrapsAndKeepsPhase) {
   EXPECT_EQ(*b % 64, 3u);
   EXPECT_GE(*b, 400u);
   EXPECT_FALSE(ring.allocate(300, 0));  // neither after b nor before a
-  ring.release_oldest();               // a goes
-  auto c = ring.allocate(300, 0);      // wraps to the front
+  ring.release_oldest();                // a goes
+  auto c = ring.allocate(300, 0);       // wraps to the front
   ASSERT_TRUE(c);
   EXPECT_EQ(*c, 0u);
   EXPECT_FALSE(ring.allocate(200, 0));  // between c's end (300) and b (451): 151 bytes only

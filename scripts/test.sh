@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Every test: installs, checks formatting, builds with warnings as errors, runs the C++ tests
+# (ctest) and the Python tests (pytest) against the installed package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+bash scripts/install_deps.sh
+echo "== clang-format"
+find include ops tests/cpp examples -name '*.h' -o -name '*.cpp' | xargs clang-format --dry-run --Werror
+bash scripts/build.sh
+echo "== ctest"
+(cd build && ctest --output-on-failure -j 2)
+echo "== pytest"
+cd tests/python  # so `import instanttensor` finds the installed package, not python_shim/
+INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider .

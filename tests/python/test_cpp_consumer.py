@@ -1,0 +1,75 @@
+"""A C++ program outside the repo, built only against the installed headers and library,
+loads a checkpoint written by the reference safetensors package and gets identical bytes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import save_file as reference_save
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def fnv1a(data: bytes) -> int:
+    value = 1469598103934665603
+    for byte in data:
+        value = ((value ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return value
+
+
+@pytest.fixture(scope="module")
+def installed_prefix(tmp_path_factory):
+    """Installs the CMake build named by INSTANTTENSOR_CMAKE_BUILD_DIR (the test command's), or
+    configures and builds one, into a fresh prefix."""
+    if shutil.which("cmake") is None:
+        pytest.fail("cmake is required for the C++ consumer check")
+    prefix = tmp_path_factory.mktemp("prefix")
+    build = os.environ.get("INSTANTTENSOR_CMAKE_BUILD_DIR")
+    if not build:
+        build = str(tmp_path_factory.mktemp("build"))
+        subprocess.run(["cmake", "-S", ROOT, "-B", build, "-DINSTANTTENSOR_BUILD_TESTS=OFF",
+                        "-DINSTANTTENSOR_BUILD_EXAMPLES=OFF"], check=True, capture_output=True)
+        subprocess.run(["cmake", "--build", build, "-j", "2"], check=True, capture_output=True)
+    subprocess.run(["cmake", "--install", build, "--prefix", str(prefix)], check=True,
+                   capture_output=True)
+    return prefix
+
+
+def test_installed_library_serves_an_outside_program(installed_prefix, tmp_path):
+    example_src = tmp_path / "example"
+    shutil.copytree(os.path.join(ROOT, "examples"), example_src)  # built away from the repo
+    build = tmp_path / "example-build"
+    prefix_path = f"{installed_prefix};{torch.utils.cmake_prefix_path}"
+    configure = subprocess.run(["cmake", "-S", str(example_src), "-B", str(build),
+                                f"-DCMAKE_PREFIX_PATH={prefix_path}"], capture_output=True,
+                               text=True)
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    compiled = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+
+    torch.manual_seed(1)
+    tensors = {"embed": torch.randn(32, 16).to(torch.bfloat16), "bias": torch.randn(7),
+               "ids": torch.arange(9), "scale": torch.tensor(0.5, dtype=torch.float64)}
+    path = str(tmp_path / "reference.safetensors")
+    reference_save(tensors, path)
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [str(installed_prefix / "lib"), os.path.join(os.path.dirname(torch.__file__), "lib")])
+    run = subprocess.run([str(build / "load_checkpoint"), path], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = {line.split()[0]: line for line in run.stdout.splitlines()}
+    assert set(lines) == set(tensors)
+    for name, tensor in tensors.items():
+        data = bytes(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+        assert lines[name].endswith(f"fnv1a={fnv1a(data):x}"), (name, lines[name])
+
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x02\x00")
+    failed = subprocess.run([str(build / "load_checkpoint"), str(bad)], capture_output=True,
+                            text=True, env=env, timeout=60)
+    assert failed.returncode == 1 and str(bad) in failed.stderr
