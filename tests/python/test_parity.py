@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open as reference_open
 from safetensors.torch import load_file as reference_load
@@ -58,6 +58,9 @@ def load_every_way(paths: list[str], copy: bool, buffer_size: int | None):
        metadata=st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.text(max_size=5),
                                                       max_size=3)))
 def test_generated_checkpoints_match_safetensors(tmp_path_factory, spec, files, copy, metadata):
+    # safetensors 0.8 writes '{},"__metadata__":{}}' for no tensors and empty metadata, which
+    # its own reader (and ours) rejects: not a case to compare on.
+    assume(spec or metadata != {})
     folder = tmp_path_factory.mktemp("ckpt")
     tensors = {name: random_tensor(dtype, shape, seed) for name, (dtype, shape, seed) in spec.items()}
     shards: list[dict] = [{} for _ in range(files)]
