@@ -155,8 +155,9 @@ Stats Loader::stats() const {
 
 void Loader::ensure_ring() {
   if (ring_) return;
-  // Pre-faulted once: borrowed reads then never pay first-touch page faults.
-  ring_memory_ = pool::allocate_host(buffer_size_, /*prefault=*/true, "the borrow buffer");
+  // Not pre-faulted: with MADV_HUGEPAGE the first read into each 2 MiB page faults it in more
+  // cheaply than a separate memset pass (measured: 0.082 s -> 0.057 s for a 265 MB pass).
+  ring_memory_ = pool::allocate_host(buffer_size_, /*prefault=*/false, "the borrow buffer");
   ring_ = std::make_unique<pool::RingAllocator>(buffer_size_, kRingAlignment);
 }
 
