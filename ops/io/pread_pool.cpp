@@ -32,7 +32,8 @@ ReadCompletion perform_read(const ReadRequest& request) {
       break;
     }
     if (got == 0) {
-      done.truncated = true;
+      uint64_t required = request.required ? request.required : request.length;
+      done.truncated = done.bytes < required;
       break;
     }
     done.bytes += static_cast<uint64_t>(got);

@@ -15,6 +15,9 @@ struct ReadRequest {
   uint64_t length = 0;
   void* dest = nullptr;
   uint64_t tag = 0;  // returned untouched in the completion
+  // Bytes that must arrive (0: all of `length`). An O_DIRECT read rounded up past the end of
+  // the file legally stops early at EOF; only EOF before `required` is a truncated file.
+  uint64_t required = 0;
 };
 
 struct ReadCompletion {
@@ -37,6 +40,12 @@ class ReadBackend {
   virtual size_t in_flight() const = 0;
   virtual const char* name() const = 0;
 };
+
+// An io_uring ring of `depth` entries, driven from the consumer's thread: reads complete in the
+// kernel (truly asynchronous with O_DIRECT fds); short reads are resubmitted for the rest.
+// Throws Error(Io) when io_uring is unavailable (EPERM under seccomp, ENOSYS, ENOMEM), so the
+// caller can fall back. Only built with liburing; otherwise always throws.
+std::unique_ptr<ReadBackend> make_uring_backend(unsigned depth);
 
 // A pool of `threads` workers doing blocking pread calls (buffered I/O), retrying EINTR and
 // EAGAIN and continuing after short reads. Destruction waits for queued requests to finish and

@@ -12,6 +12,7 @@
 
 #include "format/checkpoint.h"
 #include "instanttensor/instanttensor.h"
+#include "io/io_setup.h"
 #include "io/read_backend.h"
 #include "loader/options.h"
 #include "plan/read_plan.h"
@@ -44,8 +45,9 @@ class Loader {
 
  private:
   struct GroupState {
-    uint8_t* dest = nullptr;  // where the group's bytes land (owned storage or ring)
-    size_t pending = 0;       // pieces in flight
+    plan::AlignedRange range;  // what is read: the group's bytes, widened for O_DIRECT
+    uint8_t* dest = nullptr;   // where the range lands (owned block or ring)
+    size_t pending = 0;        // pieces in flight
     bool submitted = false;
     bool done = false;
   };
@@ -69,6 +71,9 @@ class Loader {
   bool reclaim_oldest_region(bool force);
   void release_region_storages(RingRegion& region, bool count);
   void submit_group(size_t group);
+  // Submits the pieces of `range` of file `file_index`, landing at `dest`; returns their count.
+  size_t submit_range(size_t file_index, const plan::AlignedRange& range, uint8_t* dest,
+                      uint64_t tag);
   void wait_for_group(size_t group);
   void handle_completion(const io::ReadCompletion& completion);
   [[noreturn]] void fail_pass(Error error);
@@ -77,6 +82,8 @@ class Loader {
   const format::IndexedTensor& tensor_of_item(size_t item) const;
   const std::string& file_of(const format::IndexedTensor& t) const;
   at::Tensor to_target_device(at::Tensor tensor) const;
+  // `tensor` itself when its data is aligned for its element type, else an aligned copy.
+  at::Tensor aligned(at::Tensor tensor);
   void ensure_ring();
   io::ReadBackend& backend();
   const format::IndexedTensor& selected_tensor(const std::string& name) const;
@@ -90,6 +97,9 @@ class Loader {
   plan::ReadPlan plan_;
   uint64_t buffer_size_ = 0;
   uint64_t chunk_size_ = 0;
+  std::unique_ptr<io::IoSetup> io_;
+  uint64_t io_alignment_ = 1;  // O_DIRECT alignment of reads (1: buffered)
+  uint64_t ring_alignment_ = 64;
   std::unique_ptr<io::ReadBackend> backend_;
   bool closed_ = false;
 

@@ -68,7 +68,7 @@ std::vector<std::string> parse_backends(const std::string& text, const std::stri
 }  // namespace
 
 const std::vector<std::string>& known_backend_names() {
-  static const std::vector<std::string> names = {"auto",  "pread",          "buffered",
+  static const std::vector<std::string> names = {"auto",  "pread",          "buffered", "direct",
                                                  "uring", "uring_buffered", "mmap"};
   return names;
 }

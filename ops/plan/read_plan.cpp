@@ -33,10 +33,24 @@ ReadPlan make_read_plan(const format::Checkpoint& checkpoint, std::vector<size_t
   return plan;
 }
 
-std::vector<Piece> split_into_pieces(uint64_t length, uint64_t chunk_size) {
+AlignedRange align_range(uint64_t offset, uint64_t length, uint64_t alignment) {
+  AlignedRange range;
+  range.length = length;
+  if (length == 0) return range;
+  range.begin = offset / alignment * alignment;
+  uint64_t end = (offset + length + alignment - 1) / alignment * alignment;
+  range.span = end - range.begin;
+  range.prefix = offset - range.begin;
+  return range;
+}
+
+std::vector<Piece> split_into_pieces(const AlignedRange& range, uint64_t chunk_size) {
   std::vector<Piece> pieces;
-  for (uint64_t offset = 0; offset < length; offset += chunk_size) {
-    pieces.push_back(Piece{offset, std::min(chunk_size, length - offset)});
+  const uint64_t needed_end = range.prefix + range.length;
+  for (uint64_t offset = 0; offset < range.span; offset += chunk_size) {
+    uint64_t length = std::min(chunk_size, range.span - offset);
+    uint64_t required = needed_end > offset ? std::min(length, needed_end - offset) : 0;
+    pieces.push_back(Piece{offset, length, required});
   }
   return pieces;
 }

@@ -33,14 +33,26 @@ struct ReadPlan {
 ReadPlan make_read_plan(const format::Checkpoint& checkpoint, std::vector<size_t> selected,
                         uint64_t max_group_bytes);
 
-// One read request's share of a group: [offset, offset + length) relative to the group start.
+// The file range to read for wanted bytes [offset, offset + length) when reads must start and
+// end on `alignment` (O_DIRECT; 1 for buffered reads): the wanted bytes sit at `prefix` inside.
+struct AlignedRange {
+  uint64_t begin = 0;   // aligned file offset where the read starts
+  uint64_t span = 0;    // aligned bytes to read (and to reserve in memory)
+  uint64_t prefix = 0;  // offset of the wanted bytes inside the span
+  uint64_t length = 0;  // wanted bytes
+};
+AlignedRange align_range(uint64_t offset, uint64_t length, uint64_t alignment);
+
+// One read request's share of a range: [offset, offset + length) relative to the span start,
+// of which the first `required` bytes must arrive (the rest may lie past the end of the file).
 struct Piece {
   uint64_t offset = 0;
   uint64_t length = 0;
+  uint64_t required = 0;
 };
 
-// Splits a group of `length` bytes into pieces of at most `chunk_size` bytes (chunk_size > 0), so
-// that several workers can read one large tensor at once. Empty for length 0.
-std::vector<Piece> split_into_pieces(uint64_t length, uint64_t chunk_size);
+// Splits a range into pieces of at most `chunk_size` bytes (a multiple of the alignment), so
+// several workers can read one large tensor at once. Empty for an empty range.
+std::vector<Piece> split_into_pieces(const AlignedRange& range, uint64_t chunk_size);
 
 }  // namespace instanttensor::plan

@@ -15,8 +15,10 @@ constexpr uint64_t kHugePage = 2ull << 20;
 void free_host(void* ptr) { std::free(ptr); }
 }  // namespace
 
-c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose) {
+namespace {
+void* allocate_block(uint64_t nbytes, uint64_t min_alignment, const char* purpose) {
   uint64_t alignment = nbytes >= kHugePage ? kHugePage : 64;
+  if (alignment < min_alignment) alignment = min_alignment;
   // Round the size up too: the tail of a huge page would otherwise be a separate small mapping.
   uint64_t rounded = ((nbytes ? nbytes : 1) + alignment - 1) / alignment * alignment;
   void* ptr = nullptr;
@@ -25,9 +27,22 @@ c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose) 
                 std::string("out of host memory allocating ") + std::to_string(nbytes) +
                     " bytes for " + purpose);
   }
-  if (alignment == kHugePage) ::madvise(ptr, rounded, MADV_HUGEPAGE);
-  if (prefault) std::memset(ptr, 0, rounded);
+  if (rounded >= kHugePage) ::madvise(ptr, rounded, MADV_HUGEPAGE);
+  return ptr;
+}
+}  // namespace
+
+c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose) {
+  void* ptr = allocate_block(nbytes, 64, purpose);
+  if (prefault) std::memset(ptr, 0, nbytes);
   return c10::DataPtr(ptr, ptr, &free_host, c10::Device(c10::DeviceType::CPU));
+}
+
+c10::DataPtr allocate_host_window(uint64_t span, uint64_t prefix, uint64_t alignment,
+                                  const char* purpose) {
+  void* block = allocate_block(span, alignment, purpose);
+  return c10::DataPtr(static_cast<char*>(block) + prefix, block, &free_host,
+                      c10::Device(c10::DeviceType::CPU));
 }
 
 }  // namespace instanttensor::pool

@@ -14,4 +14,10 @@ namespace instanttensor::pool {
 // naming `purpose` when memory is exhausted. Any thread.
 c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose);
 
+// Allocates `span` bytes aligned to at least `alignment` (and as allocate_host otherwise) and
+// returns a DataPtr whose data pointer is `prefix` bytes in, owning the whole block: an O_DIRECT
+// read fills the aligned span and the tensor sees only its own bytes. Any thread.
+c10::DataPtr allocate_host_window(uint64_t span, uint64_t prefix, uint64_t alignment,
+                                  const char* purpose);
+
 }  // namespace instanttensor::pool

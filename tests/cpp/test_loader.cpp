@@ -18,6 +18,12 @@ bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
          (ac.nbytes() == 0 || std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.nbytes()) == 0);
 }
 
+// O_DIRECT reads whole blocks: at most one block of widening on each side of every range.
+void expect_bytes_read(const Stats& stats, uint64_t wanted, uint64_t ranges) {
+  EXPECT_GE(stats.bytes_read, wanted);
+  EXPECT_LE(stats.bytes_read, wanted + ranges * 2 * 4096) << stats.backend;
+}
+
 // A small model-like checkpoint in two files, plus the tensors it was written from.
 struct ModelFiles {
   std::vector<std::string> files;
@@ -80,7 +86,7 @@ TEST(Loader, IteratesEveryTensorInStorageOrderAndRepeats) {
     uint64_t total = 0;
     for (auto& [name, t] : model.tensors) total += t.nbytes();
     EXPECT_EQ(f.total_tensor_size(), total);
-    EXPECT_EQ(f.stats().bytes_read, 2 * total);
+    expect_bytes_read(f.stats(), 2 * total, 2 * keys.size());
   }
 }
 
@@ -125,7 +131,9 @@ TEST(Loader, CopiedTensorsOwnExactlyTheirBytes) {
     EXPECT_EQ(kept[i].storage().nbytes(), kept[i].nbytes());
     EXPECT_EQ(kept[i].storage().use_count(), 1);
     EXPECT_TRUE(kept[i].is_contiguous());
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(kept[i].data_ptr()) % 64, 0u);
+    // 64-byte aligned from buffered reads; O_DIRECT reads land whole blocks, so the data sits
+    // at its file offset modulo the block: still aligned for its element type.
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(kept[i].data_ptr()) % kept[i].element_size(), 0u);
   }
   EXPECT_TRUE(same_bytes(embed, model.tensors["embed.weight"]));
 }
@@ -190,11 +198,13 @@ TEST(Loader, TinyBufferStillProgressesAndStaysCorrect) {
   auto model = write_model(dir, 4);
   uint64_t largest = 0;
   for (auto& [name, t] : model.tensors) largest = std::max<uint64_t>(largest, t.nbytes());
-  SafeOpen f(model.files, borrow(static_cast<int64_t>(largest + 64)));  // one tensor at a time
+  // One tensor at a time: the largest plus placement slack (up to 4 KiB O_DIRECT blocks).
+  const uint64_t buffer = largest + 3 * 4096;
+  SafeOpen f(model.files, borrow(static_cast<int64_t>(buffer)));
   std::map<std::string, at::Tensor> kept;
   for (auto& [name, tensor] : f) kept[name] = tensor;
   for (auto& [name, tensor] : kept) EXPECT_TRUE(same_bytes(tensor, model.tensors[name])) << name;
-  EXPECT_LE(f.stats().peak_pool_bytes, largest + 64);
+  EXPECT_LE(f.stats().peak_pool_bytes, buffer);
 }
 
 TEST(Loader, BufferTooSmallForATensorIsAClearErrorBeforeAllocation) {
@@ -230,7 +240,7 @@ TEST(Loader, KeySelectionReadsOnlyTheSelectedBytes) {
     uint64_t expected = model.tensors["layers.4.mlp.weight"].nbytes() +
                         model.tensors["layers.0.norm.weight"].nbytes();
     EXPECT_EQ(f.total_tensor_size(), expected);
-    EXPECT_EQ(f.stats().bytes_read, expected);
+    expect_bytes_read(f.stats(), expected, 2);
     EXPECT_THROW(f.get_tensor("embed.weight"), Error);
   }
   OpenOptions unknown;
@@ -265,9 +275,7 @@ TEST(Loader, MisalignedDataStillYieldsACorrectAlignedTensor) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(tensor.data_ptr()) % 4, 0u);
     }
     EXPECT_TRUE(same_bytes(f.get_tensor("x"), x));
-    if (!copy) {
-      EXPECT_EQ(f.stats().misaligned_copies, 1u);
-    }
+    EXPECT_GE(f.stats().misaligned_copies, copy ? 0u : 1u);
   }
 }
 
@@ -361,6 +369,8 @@ TEST(Loader, ResourcesAreReleasedOnEveryPath) {
     EXPECT_THROW(SafeOpen(std::vector<std::string>{model.files[0], dir.file("missing")}), Error);
   }
   EXPECT_EQ(testing::open_fd_count(), fds);
+  // io_uring's kernel workers (iou-wrk) leave a moment after the ring is closed.
+  for (int i = 0; i < 200 && testing::thread_count() != threads; ++i) ::usleep(10000);
   EXPECT_EQ(testing::thread_count(), threads);
   SafeOpen f(model.files);
   f.close();

@@ -60,11 +60,26 @@ TEST(ReadPlan, SelectionReadsOnlySelectedRanges) {
 }
 
 TEST(ReadPlan, PiecesCoverTheGroupExactly) {
-  auto pieces = plan::split_into_pieces(25, 10);
+  auto pieces = plan::split_into_pieces(plan::align_range(100, 25, 1), 10);
   ASSERT_EQ(pieces.size(), 3u);
   EXPECT_EQ(pieces[2].offset, 20u);
   EXPECT_EQ(pieces[2].length, 5u);
-  EXPECT_TRUE(plan::split_into_pieces(0, 10).empty());
+  EXPECT_EQ(pieces[2].required, 5u);
+  EXPECT_TRUE(plan::split_into_pieces(plan::align_range(7, 0, 512), 10).empty());
+}
+
+TEST(ReadPlan, AlignedRangesCoverTheWantedBytesForDirectIo) {
+  auto range = plan::align_range(1000, 3000, 512);  // wanted [1000, 4000)
+  EXPECT_EQ(range.begin, 512u);
+  EXPECT_EQ(range.span, 3584u);  // [512, 4096)
+  EXPECT_EQ(range.prefix, 488u);
+  auto pieces = plan::split_into_pieces(range, 1024);
+  ASSERT_EQ(pieces.size(), 4u);
+  for (const auto& piece : pieces) EXPECT_EQ(piece.offset % 512, 0u);
+  EXPECT_EQ(pieces[3].offset, 3072u);
+  EXPECT_EQ(pieces[3].length, 512u);
+  EXPECT_EQ(pieces[3].required, 488u + 3000u - 3072u);  // the rest may be past end of file
+  EXPECT_EQ(pieces[0].required, 1024u);
 }
 
 TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {

@@ -1,0 +1,31 @@
+// What the io layer needs to know about a file before choosing how to read it (torch-free).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace instanttensor::io {
+
+// O_DIRECT constraints of one file: file offsets and lengths must be multiples of
+// offset_alignment, buffer addresses multiples of memory_alignment.
+struct DirectIoAlignment {
+  uint32_t offset_alignment = 4096;
+  uint32_t memory_alignment = 4096;
+};
+
+// Opens `path` with O_DIRECT | O_RDONLY | O_CLOEXEC and reads its alignment from statx
+// (STATX_DIOALIGN), falling back to 4096, which any logical block size up to 4 KiB divides.
+// Returns -1 (and leaves errno) when the filesystem refuses O_DIRECT (tmpfs: EINVAL) or the
+// kernel reports no direct I/O support; the caller then reads buffered. The caller owns the fd.
+int open_direct(const std::string& path, DirectIoAlignment* alignment);
+
+// Fraction (0..1) of the file's pages resident in the page cache, from mincore over a mapping
+// that is never touched (so a concurrent truncation cannot fault). 0 for an empty file or when
+// the file cannot be mapped. Any thread.
+double resident_fraction(int fd, uint64_t size);
+
+// Asks the kernel to drop the file's clean pages from the page cache (posix_fadvise DONTNEED),
+// for cold benchmarks and tests. Returns 0 or an errno.
+int evict_from_page_cache(int fd);
+
+}  // namespace instanttensor::io

@@ -1,0 +1,58 @@
+// Choosing how to read a checkpoint's files: probing, then the fallback chain (torch-free).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/read_backend.h"
+
+namespace instanttensor::io {
+
+struct FileToRead {
+  std::string path;
+  int buffered_fd = -1;  // owned by the caller
+  uint64_t size = 0;
+};
+
+// The decision for one open checkpoint. Owns the O_DIRECT fds it opened.
+class IoSetup {
+ public:
+  // Walks `backend_names` (lower-case, preferred first) and settles on the first usable one:
+  //   auto           -> buffered reads when the files are mostly in the page cache (mincore),
+  //                     else O_DIRECT reads through the pread pool;
+  //   pread|buffered -> buffered pread pool;   direct -> O_DIRECT pread pool;
+  //   uring          -> io_uring on O_DIRECT;  uring_buffered -> io_uring, buffered;
+  //   mmap           -> not built: the next name is tried.
+  // O_DIRECT falls back to buffered per file when the filesystem refuses it (tmpfs). Never
+  // throws for an unavailable backend: the end of the chain is the buffered pread pool.
+  IoSetup(const std::vector<std::string>& backend_names, const std::vector<FileToRead>& files);
+  ~IoSetup();
+  IoSetup(const IoSetup&) = delete;
+  IoSetup& operator=(const IoSetup&) = delete;
+
+  // The fd reads of file `index` go to.
+  int read_fd(size_t index) const { return read_fds_[index]; }
+  // Reads start and end on multiples of this, and land on addresses aligned to it (1: any).
+  uint64_t alignment() const { return alignment_; }
+  bool direct() const { return alignment_ > 1; }
+
+  // Starts the backend the chain chose: io_uring when asked for and available, else the pread
+  // pool of `threads` workers. Consumer thread; call once.
+  std::unique_ptr<ReadBackend> start_backend(int threads, int depth);
+  // "pread", "pread+O_DIRECT", "io_uring+O_DIRECT", ... and why a fallback happened, if any.
+  const std::string& description() const { return description_; }
+
+  // Closes the fds opened here. Idempotent.
+  void close();
+
+ private:
+  std::vector<int> read_fds_;
+  std::vector<int> owned_fds_;
+  uint64_t alignment_ = 1;
+  bool uring_ = false;
+  std::string description_;
+};
+
+}  // namespace instanttensor::io

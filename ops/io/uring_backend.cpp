@@ -1,0 +1,150 @@
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "instanttensor/error.h"
+#include "io/read_backend.h"
+
+#ifdef INSTANTTENSOR_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+namespace instanttensor::io {
+
+#ifdef INSTANTTENSOR_HAVE_LIBURING
+namespace {
+
+class UringBackend final : public ReadBackend {
+ public:
+  explicit UringBackend(unsigned depth) : depth_(depth < 1 ? 1 : depth) {
+    int rc = io_uring_queue_init(depth_, &ring_, 0);
+    if (rc < 0) {
+      throw Error(ErrorKind::Io, "", "",
+                  std::string("io_uring is unavailable: ") + std::strerror(-rc));
+    }
+    slots_.resize(depth_);
+    for (unsigned i = 0; i < depth_; ++i) free_slots_.push_back(i);
+  }
+
+  ~UringBackend() override {
+    // Reads still in the kernel write into the owner's buffers: reap them before returning.
+    while (in_kernel_ > 0) {
+      io_uring_cqe* cqe = nullptr;
+      if (io_uring_wait_cqe(&ring_, &cqe) < 0) break;
+      io_uring_cqe_seen(&ring_, cqe);
+      --in_kernel_;
+    }
+    io_uring_queue_exit(&ring_);
+  }
+
+  void submit(const ReadRequest& request) override {
+    ++in_flight_;
+    backlog_.push_back(request);
+    fill();
+  }
+
+  ReadCompletion wait_completion() override {
+    for (;;) {
+      io_uring_cqe* cqe = nullptr;
+      int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc == -EINTR) continue;
+      if (rc < 0)
+        throw Error(ErrorKind::Io, "", "",
+                    std::string("io_uring wait failed: ") + std::strerror(-rc));
+      unsigned index = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+      int result = cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
+      --in_kernel_;
+      Slot& slot = slots_[index];
+      if (result == -EINTR || result == -EAGAIN) {
+        queue_read(index);
+        io_uring_submit(&ring_);
+        continue;
+      }
+      ReadCompletion done;
+      done.tag = slot.request.tag;
+      bool finished = false;
+      if (result < 0) {
+        done.error = -result;
+        finished = true;
+      } else if (result == 0) {
+        uint64_t required = slot.request.required ? slot.request.required : slot.request.length;
+        done.truncated = slot.done < required;
+        finished = true;
+      } else {
+        slot.done += static_cast<uint64_t>(result);
+        finished = slot.done >= slot.request.length;
+        if (!finished) {  // short read: ask for the rest
+          queue_read(index);
+          io_uring_submit(&ring_);
+          continue;
+        }
+      }
+      done.bytes = slot.done;
+      done.seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - slot.start).count();
+      free_slots_.push_back(index);
+      --in_flight_;
+      fill();
+      return done;
+    }
+  }
+
+  size_t in_flight() const override { return in_flight_; }
+  const char* name() const override { return "io_uring"; }
+
+ private:
+  struct Slot {
+    ReadRequest request;
+    uint64_t done = 0;
+    std::chrono::steady_clock::time_point start;
+  };
+
+  void queue_read(unsigned index) {
+    Slot& slot = slots_[index];
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    // One slot per ring entry, so a free sqe always exists for a slot's (re)submission.
+    uint64_t remaining = slot.request.length - slot.done;
+    unsigned size = static_cast<unsigned>(remaining > (1u << 30) ? (1u << 30) : remaining);
+    io_uring_prep_read(sqe, slot.request.fd, static_cast<char*>(slot.request.dest) + slot.done,
+                       size, slot.request.offset + slot.done);
+    io_uring_sqe_set_data64(sqe, index);
+    ++in_kernel_;
+  }
+
+  void fill() {
+    bool queued = false;
+    while (!backlog_.empty() && !free_slots_.empty()) {
+      unsigned index = free_slots_.front();
+      free_slots_.pop_front();
+      slots_[index] = Slot{backlog_.front(), 0, std::chrono::steady_clock::now()};
+      backlog_.pop_front();
+      queue_read(index);
+      queued = true;
+    }
+    if (queued) io_uring_submit(&ring_);
+  }
+
+  unsigned depth_;
+  io_uring ring_{};
+  std::vector<Slot> slots_;
+  std::deque<unsigned> free_slots_;
+  std::deque<ReadRequest> backlog_;
+  size_t in_flight_ = 0;
+  size_t in_kernel_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ReadBackend> make_uring_backend(unsigned depth) {
+  return std::make_unique<UringBackend>(depth);
+}
+#else
+std::unique_ptr<ReadBackend> make_uring_backend(unsigned) {
+  throw Error(ErrorKind::Io, "", "", "io_uring support was not built (liburing-dev missing)");
+}
+#endif
+
+}  // namespace instanttensor::io
