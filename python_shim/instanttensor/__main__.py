@@ -89,12 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="write a model-like checkpoint and load it (default)")
     demo.add_argument("--size-mb", type=int, default=256)
     demo.add_argument("--dir", default=None, help="where to keep the checkpoint")
+    from . import bench
+
+    bench.add_arguments(commands.add_parser("bench", help="benchmark against peers and ceilings"))
     inspect = commands.add_parser("inspect", help="list the tensors of safetensors files")
     inspect.add_argument("files", nargs="+")
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["demo"] + (argv or []))
     try:
+        if args.command == "bench":
+            return bench.run(args)
         return _demo(args) if args.command == "demo" else _inspect(args)
     except (OSError, ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)

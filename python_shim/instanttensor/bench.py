@@ -1,0 +1,335 @@
+"""Side-by-side load benchmark: instanttensor, its peers and the physical ceilings, one run.
+
+    python -m instanttensor bench [--size-gb 4] [--dir DIR | --checkpoint DIR] [--samples 3]
+                                  [--modes cold,warm] [--json PATH]
+
+Workload, identical for every contender: iterate all tensors and copy each into a preallocated
+destination of the same shape (what a model loader does), so every byte is touched. Each sample
+runs in a fresh process; contenders are interleaved (A B C A B C ...); medians are reported.
+Cold samples evict every file from the page cache first (posix_fadvise DONTNEED, verified with
+mincore); warm samples read the files once beforehand. Ceilings, measured in the same run:
+an O_DIRECT sequential read of the same files at the same request size and depth (cold) and a
+memory copy of the same number of bytes (warm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import mmap
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+CHUNK = 8 << 20
+DEPTH = 4
+
+
+# -- page cache control ---------------------------------------------------------------------
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return libc
+
+
+def resident_fraction(path: str) -> float:
+    """Share of the file's pages in the page cache (mincore over an untouched mapping)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0.0
+    libc = _libc()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return 0.0
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vector = (ctypes.c_ubyte * pages)()
+        libc.mincore(address, size, vector)
+        libc.munmap(address, size)
+        return sum(v & 1 for v in vector) / pages
+    finally:
+        os.close(fd)
+
+
+def evict(paths: list[str]) -> float:
+    """Drops the files from the page cache; returns the largest residency left afterwards."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    return max(resident_fraction(p) for p in paths)
+
+
+def warm_up(paths: list[str]) -> float:
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(64 << 20):
+                pass
+    return min(resident_fraction(p) for p in paths)
+
+
+# -- workers (run in a fresh process each) -----------------------------------------------------
+def _destinations(files: list[str]):
+    import torch
+
+    from . import safe_open
+
+    with safe_open(files) as f:
+        dest = {n: torch.empty(s, dtype=d) for n in f.keys() for d, s in [f.get_tensor_metadata(n)]}
+    for t in dest.values():  # pre-fault: the destination is not what is measured
+        t.view(-1).view(torch.uint8).fill_(0)
+    return dest
+
+
+def _run_instanttensor(files, dest, copy: bool) -> None:
+    from . import safe_open
+
+    with safe_open(files, copy=copy) as f:
+        for name, tensor in f.tensors():
+            dest[name].copy_(tensor)
+
+
+def _run_safetensors_open(files, dest) -> None:
+    from safetensors import safe_open as reference_open
+
+    for path in files:
+        with reference_open(path, framework="pt") as f:
+            for name in f.keys():
+                dest[name].copy_(f.get_tensor(name))
+
+
+def _run_safetensors_load_file(files, dest) -> None:
+    from safetensors.torch import load_file
+
+    for path in files:
+        for name, tensor in load_file(path).items():
+            dest[name].copy_(tensor)
+
+
+def _run_fastsafetensors(files, dest) -> None:
+    from fastsafetensors import fastsafe_open
+
+    with fastsafe_open(files, framework="pt", device="cpu", nogds=True) as f:
+        for name in f.keys():
+            dest[name].copy_(f.get_tensor(name))
+
+
+def _run_runai(files, dest) -> None:
+    from runai_model_streamer import SafetensorsStreamer
+
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files(files)
+        for name, tensor in streamer.get_tensors():
+            dest[name].copy_(tensor)
+
+
+def _run_direct_read_ceiling(files, dest) -> None:
+    """Sequential O_DIRECT reads of the files, CHUNK-sized, DEPTH in flight: what the storage
+    gives a reader that does nothing else."""
+    lock = threading.Lock()
+    jobs = []
+    for path in files:
+        size = os.path.getsize(path)
+        jobs += [(path, offset) for offset in range(0, size, CHUNK)]
+    jobs.reverse()
+    fds = {path: os.open(path, os.O_RDONLY | os.O_DIRECT) for path in files}
+
+    def worker() -> None:
+        buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                path, offset = jobs.pop()
+            os.preadv(fds[path], [buffer], offset)
+
+    threads = [threading.Thread(target=worker) for _ in range(DEPTH)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for fd in fds.values():
+        os.close(fd)
+
+
+def _run_memcpy_ceiling(files, dest) -> None:
+    """One memory copy of every byte (source already in memory): the floor of a warm load."""
+    import torch
+
+    for name, tensor in dest.items():
+        tensor.copy_(_SOURCES[name])
+
+
+_SOURCES: dict = {}
+
+CONTENDERS: dict[str, Callable] = {
+    "instanttensor copy=True": lambda f, d: _run_instanttensor(f, d, True),
+    "instanttensor copy=False": lambda f, d: _run_instanttensor(f, d, False),
+    "safetensors safe_open": _run_safetensors_open,
+    "safetensors load_file": _run_safetensors_load_file,
+    "fastsafetensors": _run_fastsafetensors,
+    "runai-model-streamer": _run_runai,
+    "ceiling: O_DIRECT read": _run_direct_read_ceiling,
+    "ceiling: memcpy": _run_memcpy_ceiling,
+    "baseline (torch + destinations)": lambda f, d: None,
+}
+
+
+def _worker(name: str, files: list[str]) -> dict:
+    dest = _destinations(files)
+    if name == "ceiling: memcpy":
+        import torch
+
+        for key, tensor in dest.items():
+            _SOURCES[key] = torch.empty_like(tensor).view(-1).view(torch.uint8).fill_(1) \
+                .view(tensor.dtype).view(tensor.shape) if tensor.numel() else tensor.clone()
+    start = time.perf_counter()
+    CONTENDERS[name](files, dest)
+    seconds = time.perf_counter() - start
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"seconds": seconds, "peak_rss_mb": peak_kb / 1024}
+
+
+# -- driver ------------------------------------------------------------------------------------
+def _sample(name: str, files: list[str]) -> dict:
+    done = subprocess.run([sys.executable, "-m", "instanttensor.bench", "--worker", name,
+                           "--files", *files], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        return {"error": last[:160]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _available(name: str) -> str | None:
+    modules = {"safetensors": "safetensors", "fastsafetensors": "fastsafetensors",
+               "runai-model-streamer": "runai_model_streamer"}
+    for prefix, module in modules.items():
+        if name.startswith(prefix):
+            try:
+                __import__(module)
+            except Exception as error:  # noqa: BLE001 - reported in the table
+                return f"not importable: {error}"
+    return None
+
+
+def checkpoint_files(args: argparse.Namespace) -> list[str]:
+    if args.checkpoint:
+        files = sorted(glob.glob(os.path.join(args.checkpoint, "*.safetensors")))
+        if not files:
+            raise SystemExit(f"no .safetensors files in {args.checkpoint}")
+        return files
+    from ._demo_checkpoint import write_model_like_checkpoint
+
+    folder = args.dir or f"/var/tmp/instanttensor-bench-{args.size_gb}g"
+    marker = os.path.join(folder, ".complete")
+    if not os.path.exists(marker):
+        print(f"generating a {args.size_gb} GB model-like checkpoint in {folder} (once) ...",
+              flush=True)
+        for old in glob.glob(os.path.join(folder, "*.safetensors")):
+            os.remove(old)
+        write_model_like_checkpoint(folder, total_mb=int(args.size_gb * 1024), files=4,
+                                    hidden=4096, vocab=32000)
+        open(marker, "w").close()
+    return sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+
+
+def run(args: argparse.Namespace) -> int:
+    files = checkpoint_files(args)
+    total = sum(os.path.getsize(f) for f in files)
+    modes = [m for m in args.modes.split(",") if m]
+    results: dict = {"files": files, "bytes": total, "samples": args.samples, "modes": {}}
+    names = [n for n in CONTENDERS if args.only is None or n in args.only.split(",")]
+    for mode in modes:
+        runnable = [n for n in names if not (mode == "cold" and n == "ceiling: memcpy")
+                    and not (mode == "warm" and n == "ceiling: O_DIRECT read")]
+        table: dict[str, dict] = {n: {"samples": []} for n in runnable}
+        for n in runnable:
+            reason = _available(n)
+            if reason:
+                table[n]["error"] = reason
+        for round_index in range(args.samples):
+            for n in runnable:
+                if "error" in table[n]:
+                    continue
+                left = evict(files) if mode == "cold" else warm_up(files)
+                print(f"\r[{mode} {round_index + 1}/{args.samples}] {n:34s} "
+                      f"(residency before: {left:.2f})", end="", flush=True)
+                if mode == "cold" and left > 0.01:
+                    table[n]["note"] = f"eviction left {left:.0%} cached"
+                sample = _sample(n, files)
+                if "error" in sample:
+                    table[n]["error"] = sample["error"]
+                else:
+                    table[n]["samples"].append(sample)
+        print("\r" + " " * 90 + "\r", end="")
+        for row in table.values():
+            if row["samples"]:
+                row["seconds"] = statistics.median(s["seconds"] for s in row["samples"])
+                row["gb_per_s"] = total / row["seconds"] / 1e9
+                row["peak_rss_mb"] = statistics.median(s["peak_rss_mb"] for s in row["samples"])
+        ceiling_name = "ceiling: O_DIRECT read" if mode == "cold" else "ceiling: memcpy"
+        ceiling = table.get(ceiling_name, {}).get("gb_per_s")
+        reference = table.get("safetensors safe_open", {}).get("gb_per_s")
+        baseline = table.get("baseline (torch + destinations)", {}).get("peak_rss_mb")
+        print(f"\n{mode} ({total / 1e9:.2f} GB in {len(files)} files, median of {args.samples}):")
+        print(f"  {'contender':34s} {'GB/s':>7s} {'x ceiling':>9s} {'x safetensors':>13s} "
+              f"{'peak RSS MB':>11s} {'own MB':>7s}")
+        for n, row in table.items():
+            if "gb_per_s" not in row:
+                print(f"  {n:34s} {'n/a':>7s}  {row.get('error', '')}")
+                continue
+            if n.startswith("baseline"):
+                print(f"  {n:34s} {'':>7s} {'':>9s} {'':>13s} {row['peak_rss_mb']:11.0f}")
+                continue
+            row["x_ceiling"] = row["gb_per_s"] / ceiling if ceiling else None
+            row["x_safetensors"] = row["gb_per_s"] / reference if reference else None
+            row["own_mb"] = row["peak_rss_mb"] - baseline if baseline else None
+            fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+            print(f"  {n:34s} {row['gb_per_s']:7.2f} {fmt(row['x_ceiling'], '9.2f')} "
+                  f"{fmt(row['x_safetensors'], '13.2f')} {row['peak_rss_mb']:11.0f} "
+                  f"{fmt(row['own_mb'], '7.0f')}  {row.get('note', '')}")
+        results["modes"][mode] = table
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size-gb", type=float, default=4.0, help="generated checkpoint size")
+    parser.add_argument("--dir", default=None, help="where to keep the generated checkpoint")
+    parser.add_argument("--checkpoint", default=None, help="use this folder of .safetensors")
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--modes", default="cold,warm")
+    parser.add_argument("--only", default=None, help="comma list of contender names")
+    parser.add_argument("--json", default=None, help="also write the results as JSON here")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m instanttensor bench")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--files", nargs="*", default=None, help=argparse.SUPPRESS)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(_worker(args.worker, args.files)))
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
