@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "instanttensor/error.h"
+#include "io/fault_injection.h"
 #include "io/read_backend.h"
 
 namespace instanttensor::io {
@@ -23,9 +24,15 @@ ReadCompletion perform_read(const ReadRequest& request) {
   char* dest = static_cast<char*>(request.dest);
   while (done.bytes < request.length) {
     // Linux caps one read at about 2 GiB; larger requests loop.
-    size_t want = static_cast<size_t>(std::min<uint64_t>(request.length - done.bytes, 1u << 30));
-    ssize_t got = ::pread(request.fd, dest + done.bytes, want,
-                          static_cast<off_t>(request.offset + done.bytes));
+    uint64_t want = std::min<uint64_t>(request.length - done.bytes, 1u << 30);
+    ssize_t got;
+    if (int fault = injected_fault(&want)) {
+      errno = fault;
+      got = -1;
+    } else {
+      got = ::pread(request.fd, dest + done.bytes, static_cast<size_t>(want),
+                    static_cast<off_t>(request.offset + done.bytes));
+    }
     if (got < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       done.error = errno;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "instanttensor/error.h"
+#include "io/fault_injection.h"
 #include "io/read_backend.h"
 
 #ifdef INSTANTTENSOR_HAVE_LIBURING
@@ -19,7 +20,7 @@ namespace {
 class UringBackend final : public ReadBackend {
  public:
   explicit UringBackend(unsigned depth) : depth_(depth < 1 ? 1 : depth) {
-    int rc = io_uring_queue_init(depth_, &ring_, 0);
+    int rc = injected_uring_setup_failure() ? -EPERM : io_uring_queue_init(depth_, &ring_, 0);
     if (rc < 0) {
       throw Error(ErrorKind::Io, "", "",
                   std::string("io_uring is unavailable: ") + std::strerror(-rc));
@@ -56,6 +57,13 @@ class UringBackend final : public ReadBackend {
       unsigned index = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
       int result = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
+      uint64_t allowed = result > 0 ? static_cast<uint64_t>(result) : 0;
+      if (int fault = injected_fault(&allowed)) {
+        result = -fault;
+      } else if (result > 0) {
+        // An injected short read: pretend fewer bytes arrived; the rest is read again.
+        result = static_cast<int>(allowed);
+      }
       --in_kernel_;
       Slot& slot = slots_[index];
       if (result == -EINTR || result == -EAGAIN) {

@@ -1,0 +1,58 @@
+#include "io/fault_injection.h"
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+namespace instanttensor::io {
+
+namespace {
+std::atomic<bool> armed{false};  // the hot path pays one relaxed load when disarmed
+std::mutex plan_mutex;
+FaultPlan plan;
+int64_t calls = 0;
+}  // namespace
+
+void arm_faults(const FaultPlan& new_plan) {
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  plan = new_plan;
+  calls = 0;
+  armed.store(true);
+}
+
+void disarm_faults() {
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  armed.store(false);
+}
+
+int injected_fault(uint64_t* length) {
+  if (!armed.load(std::memory_order_relaxed)) return 0;
+  FaultPlan current;
+  int64_t call;
+  {
+    std::lock_guard<std::mutex> lock(plan_mutex);
+    if (!armed.load()) return 0;
+    current = plan;
+    call = ++calls;
+  }
+  if (current.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(current.delay_ms));
+  if (current.fail_read_number == call) return current.fail_errno;
+  if (current.eintr_every > 0 && call % current.eintr_every == 0) return EINTR;
+  if (current.eagain_every > 0 && call % current.eagain_every == 0) return EAGAIN;
+  if (current.short_reads) {
+    // Half, kept to whole 4 KiB blocks so O_DIRECT reads stay legal.
+    uint64_t half = *length / 2 - (*length / 2) % 4096;
+    if (half > 0) *length = half;
+  }
+  return 0;
+}
+
+bool injected_uring_setup_failure() {
+  if (!armed.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  return armed.load() && plan.fail_uring_setup;
+}
+
+}  // namespace instanttensor::io

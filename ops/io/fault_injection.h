@@ -1,0 +1,29 @@
+// Test-only fault injection for the read path. Nothing reads the environment: only code that
+// includes this header and arms a plan (the test suites) can make reads fail.
+#pragma once
+
+#include <cstdint>
+
+namespace instanttensor::io {
+
+struct FaultPlan {
+  int64_t fail_read_number = 0;  // the Nth read call (1-based) fails with fail_errno; 0: never
+  int fail_errno = 5;            // EIO
+  bool short_reads = false;      // every read call transfers at most half of what it asked
+  int eintr_every = 0;           // every k-th read call fails with EINTR first (retried)
+  int eagain_every = 0;          // every k-th read call fails with EAGAIN first (retried)
+  int delay_ms = 0;              // sleep before every read call
+  bool fail_uring_setup = false;  // io_uring setup reports EPERM, as under a seccomp filter
+};
+
+// Arms `plan` for every read from now on (any thread; process-wide) and resets the call
+// counter. disarm_faults() restores normal reads.
+void arm_faults(const FaultPlan& plan);
+void disarm_faults();
+
+// Used by the backends: what the next read call should do instead of reading, or 0 to read.
+// Returns an errno to report, and may shorten `length` or sleep.
+int injected_fault(uint64_t* length);
+bool injected_uring_setup_failure();
+
+}  // namespace instanttensor::io

@@ -1,0 +1,162 @@
+// Injected I/O faults on every loader path: a clear exception, nothing leaked, and the process
+// still loads the next checkpoint. Runs once per backend (see CMakeLists.txt).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <instanttensor/instanttensor.h>
+
+#include "io/fault_injection.h"
+#include "test_files.h"
+
+namespace instanttensor {
+namespace {
+
+using testing::TempDir;
+
+struct Model {
+  std::vector<std::string> files;
+  std::map<std::string, at::Tensor> tensors;
+};
+
+Model write_model(const TempDir& dir) {
+  Model model;
+  std::map<std::string, at::Tensor> a, b;
+  for (int i = 0; i < 12; ++i) {
+    (i % 2 ? a : b)["w" + std::to_string(i)] = at::randn({64 + i, 33});
+  }
+  save_file(a, dir.file("a.safetensors"));
+  save_file(b, dir.file("b.safetensors"));
+  model.files = {dir.file("a.safetensors"), dir.file("b.safetensors")};
+  model.tensors = a;
+  model.tensors.insert(b.begin(), b.end());
+  return model;
+}
+
+class Faults : public ::testing::Test {
+ protected:
+  void TearDown() override { io::disarm_faults(); }
+};
+
+void settle_threads(int expected) {
+  for (int i = 0; i < 200 && testing::thread_count() != expected; ++i) ::usleep(10000);
+}
+
+void expect_all_correct(const Model& model, OpenOptions options) {
+  SafeOpen f(model.files, options);
+  size_t seen = 0;
+  for (auto& [name, tensor] : f) {
+    EXPECT_TRUE(at::equal(tensor, model.tensors.at(name))) << name;
+    ++seen;
+  }
+  EXPECT_EQ(seen, model.tensors.size());
+  for (auto& [name, tensor] : model.tensors) EXPECT_TRUE(at::equal(f.get_tensor(name), tensor));
+}
+
+TEST_F(Faults, FailedReadIsAClearErrorOnEveryPathAndLeaksNothing) {
+  TempDir dir;
+  auto model = write_model(dir);
+  int fds = testing::open_fd_count();
+  int threads = testing::thread_count();
+  for (bool copy : {true, false}) {
+    for (int nth : {1, 3, 7}) {
+      SCOPED_TRACE(std::string(copy ? "copy" : "borrow") + " read " + std::to_string(nth));
+      OpenOptions options;
+      options.copy = copy;
+      options.chunk_size = 4096;  // many reads, so the Nth lands mid-iteration
+      io::FaultPlan plan;
+      plan.fail_read_number = nth;
+      {
+        io::arm_faults(plan);
+        SafeOpen f(model.files, options);
+        try {
+          for (auto& item : f) (void)item;
+          ADD_FAILURE() << "an injected EIO went unnoticed";
+        } catch (const Error& e) {
+          std::string message = e.what();
+          EXPECT_EQ(e.kind(), ErrorKind::Io) << message;
+          EXPECT_NE(message.find(".safetensors"), std::string::npos) << message;
+          EXPECT_NE(message.find("tensor 'w"), std::string::npos) << message;
+          EXPECT_NE(message.find("Input/output error"), std::string::npos) << message;
+        }
+        io::arm_faults(plan);  // random access fails the same way
+        EXPECT_THROW(f.get_tensor("w4"), Error);
+      }
+      io::disarm_faults();
+      expect_all_correct(model, options);  // the process loads the next checkpoint fine
+    }
+  }
+  EXPECT_EQ(testing::open_fd_count(), fds);
+  settle_threads(threads);
+  EXPECT_EQ(testing::thread_count(), threads);
+}
+
+TEST_F(Faults, ShortReadsEintrAndEagainAreRetriedTransparently) {
+  TempDir dir;
+  auto model = write_model(dir);
+  io::FaultPlan plan;
+  plan.short_reads = true;
+  plan.eintr_every = 3;
+  plan.eagain_every = 5;
+  io::arm_faults(plan);
+  for (bool copy : {true, false}) {
+    OpenOptions options;
+    options.copy = copy;
+    options.buffer_size = 64 << 10;
+    expect_all_correct(model, options);
+  }
+}
+
+TEST_F(Faults, SlowReadsNeitherHangNorReorder) {
+  TempDir dir;
+  auto model = write_model(dir);
+  io::FaultPlan plan;
+  plan.delay_ms = 3;
+  io::arm_faults(plan);
+  OpenOptions options;
+  options.copy = false;
+  options.buffer_size = 32 << 10;
+  expect_all_correct(model, options);
+}
+
+TEST_F(Faults, IoUringSetupFailureFallsBackToThePreadPool) {
+  TempDir dir;
+  auto model = write_model(dir);
+  io::FaultPlan plan;
+  plan.fail_uring_setup = true;
+  io::arm_faults(plan);
+  OpenOptions options;
+  options.backend = "uring";
+  SafeOpen f(model.files, options);
+  for (auto& [name, tensor] : f) EXPECT_TRUE(at::equal(tensor, model.tensors.at(name)));
+  std::string backend = f.stats().backend;
+  EXPECT_NE(backend.find("pread"), std::string::npos) << backend;
+  EXPECT_NE(backend.find("fallback"), std::string::npos) << backend;
+}
+
+TEST_F(Faults, ThousandsOfLoadersGrowNothing) {
+  TempDir dir;
+  auto model = write_model(dir);
+  auto rss_kb = [] {
+    std::string status = testing::read_bytes("/proc/self/status");
+    auto at = status.find("VmRSS:");
+    return std::stol(status.substr(at + 6));
+  };
+  for (int i = 0; i < 50; ++i) SafeOpen(model.files).next();  // warm allocator caches
+  int fds = testing::open_fd_count();
+  int threads = testing::thread_count();
+  long rss = rss_kb();
+  for (int i = 0; i < 2000; ++i) {
+    OpenOptions options;
+    options.copy = i % 2 == 0;
+    SafeOpen f(model.files, options);
+    auto first = f.next();  // start reading, then abandon half way
+    ASSERT_TRUE(first.has_value());
+  }
+  settle_threads(threads);
+  EXPECT_EQ(testing::open_fd_count(), fds);
+  EXPECT_EQ(testing::thread_count(), threads);
+  EXPECT_LT(rss_kb() - rss, 32 * 1024) << "RSS grew by more than 32 MiB over 2000 loaders";
+}
+
+}  // namespace
+}  // namespace instanttensor
