@@ -3,7 +3,8 @@
 # Safe to run again: skips what is already there.
 set -euo pipefail
 
-APT_PACKAGES=(cmake ninja-build g++ nlohmann-json3-dev libgtest-dev liburing-dev clang-format)
+APT_PACKAGES=(cmake ninja-build g++ nlohmann-json3-dev libgtest-dev liburing-dev clang-format clang
+  libclang-rt-14-dev)
 missing=()
 for package in "${APT_PACKAGES[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: installs, checks formatting, builds with warnings as errors, runs the C++ tests
-# (ctest) and the Python tests (pytest) against the installed package.
+# (ctest), the sanitizer builds and the fuzzers (scripts/sanitize.sh), and the Python tests
+# (pytest) against the installed package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -10,6 +11,7 @@ find include ops tests/cpp examples -name '*.h' -o -name '*.cpp' | xargs clang-f
 bash scripts/build.sh
 echo "== ctest"
 (cd build && ctest --output-on-failure -j 2)
+FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/sanitize.sh
 echo "== pytest"
 cd tests/python  # so `import instanttensor` finds the installed package, not python_shim/
 INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider .

@@ -37,7 +37,8 @@ int injected_fault(uint64_t* length) {
     current = plan;
     call = ++calls;
   }
-  if (current.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(current.delay_ms));
+  if (current.delay_ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(current.delay_ms));
   if (current.fail_read_number == call) return current.fail_errno;
   if (current.eintr_every > 0 && call % current.eintr_every == 0) return EINTR;
   if (current.eagain_every > 0 && call % current.eagain_every == 0) return EAGAIN;

@@ -7,12 +7,12 @@
 namespace instanttensor::io {
 
 struct FaultPlan {
-  int64_t fail_read_number = 0;  // the Nth read call (1-based) fails with fail_errno; 0: never
-  int fail_errno = 5;            // EIO
-  bool short_reads = false;      // every read call transfers at most half of what it asked
-  int eintr_every = 0;           // every k-th read call fails with EINTR first (retried)
-  int eagain_every = 0;          // every k-th read call fails with EAGAIN first (retried)
-  int delay_ms = 0;              // sleep before every read call
+  int64_t fail_read_number = 0;   // the Nth read call (1-based) fails with fail_errno; 0: never
+  int fail_errno = 5;             // EIO
+  bool short_reads = false;       // every read call transfers at most half of what it asked
+  int eintr_every = 0;            // every k-th read call fails with EINTR first (retried)
+  int eagain_every = 0;           // every k-th read call fails with EAGAIN first (retried)
+  int delay_ms = 0;               // sleep before every read call
   bool fail_uring_setup = false;  // io_uring setup reports EPERM, as under a seccomp filter
 };
 

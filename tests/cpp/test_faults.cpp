@@ -1,9 +1,8 @@
 // Injected I/O faults on every loader path: a clear exception, nothing leaked, and the process
 // still loads the next checkpoint. Runs once per backend (see CMakeLists.txt).
 #include <gtest/gtest.h>
-#include <unistd.h>
-
 #include <instanttensor/instanttensor.h>
+#include <unistd.h>
 
 #include "io/fault_injection.h"
 #include "test_files.h"

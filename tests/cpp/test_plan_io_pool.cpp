@@ -126,12 +126,15 @@ TEST(PreadPool, DestructionJoinsWorkersWithRequestsQueued) {
   std::string path = dir.file("data.bin");
   testing::write_bytes(path, std::string(1 << 16, 'z'));
   int fd = ::open(path.c_str(), O_RDONLY);
-  std::string out(1 << 16, '\0');
+  std::vector<std::string> out(64, std::string(1 << 16, '\0'));  // one destination per read
   {
     auto backend = io::make_pread_pool(4);
     EXPECT_EQ(testing::thread_count(), threads_before + 4);
-    for (int i = 0; i < 64; ++i) backend->submit(io::ReadRequest{fd, 0, 1 << 16, out.data(), 0});
+    for (int i = 0; i < 64; ++i) {
+      backend->submit(io::ReadRequest{fd, 0, 1 << 16, out[i].data(), 0});
+    }
   }
+  EXPECT_EQ(out[63], std::string(1 << 16, 'z'));  // queued reads finished before the join
   EXPECT_EQ(testing::thread_count(), threads_before);
   ::close(fd);
 }
