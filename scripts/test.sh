@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 bash scripts/install_deps.sh
 echo "== clang-format"
-find include ops tests/cpp examples -name '*.h' -o -name '*.cpp' | xargs clang-format --dry-run --Werror
+find include ops tests/cpp tests/fuzz examples -name '*.h' -o -name '*.cpp' | xargs clang-format --dry-run --Werror
 bash scripts/build.sh
 echo "== ctest"
 (cd build && ctest --output-on-failure -j 2)

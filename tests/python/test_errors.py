@@ -140,3 +140,25 @@ def test_process_survives_and_opens_the_next_checkpoint(model_files, tmp_path):
             instanttensor.safe_open([paths[0], str(bad)])
     with instanttensor.safe_open(paths) as f:
         assert len(list(f.tensors())) == len(tensors)
+
+
+def test_file_extended_after_open_is_reported(model_files):
+    paths, _ = model_files
+    f = instanttensor.safe_open(paths)
+    with open(paths[0], "ab") as grow:
+        grow.write(b"\0" * 128)
+    with pytest.raises(OSError, match="changed since it was opened") as info:
+        f.get_tensor("embed.weight")
+    assert paths[0] in str(info.value)
+    f.close()
+
+
+def test_file_replaced_by_rename_keeps_serving_the_validated_file(model_files, tmp_path):
+    paths, tensors = model_files
+    with instanttensor.safe_open(paths) as f:
+        replacement = tmp_path / "replacement.safetensors"
+        instanttensor.save_file({"embed.weight": torch.zeros(3)}, str(replacement))
+        os.replace(replacement, paths[0])  # the open fd still names the original inode
+        loaded = dict(f.tensors())
+    for name, tensor in tensors.items():
+        assert torch.equal(loaded[name], tensor)
