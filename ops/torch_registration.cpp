@@ -59,7 +59,8 @@ class LoaderHolder : public torch::CustomClassHolder {
   LoaderHolder(std::vector<std::string> files, c10::Device device, bool copy,
                std::optional<std::vector<std::string>> keys, std::optional<int64_t> buffer_size,
                std::optional<int64_t> chunk_size, std::optional<int64_t> concurrency,
-               std::optional<int64_t> io_depth, std::optional<std::string> backend)
+               std::optional<int64_t> io_depth, std::optional<std::string> backend,
+               std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> process_group)
       : opened_(std::move(files), [&] {
           OpenOptions options;
           options.device = device;
@@ -70,6 +71,7 @@ class LoaderHolder : public torch::CustomClassHolder {
           options.concurrency = concurrency;
           options.io_depth = io_depth;
           options.backend = std::move(backend);
+          if (process_group) options.process_group = *process_group;
           return options;
         }()) {}
 
@@ -102,6 +104,7 @@ class LoaderHolder : public torch::CustomClassHolder {
     Stats s = opened_.stats();
     c10::Dict<std::string, double> out;
     out.insert("bytes_read", static_cast<double>(s.bytes_read));
+    out.insert("bytes_received", static_cast<double>(s.bytes_received));
     out.insert("read_requests", static_cast<double>(s.read_requests));
     out.insert("tensors_loaded", static_cast<double>(s.tensors_loaded));
     out.insert("materializations", static_cast<double>(s.materializations));
@@ -184,7 +187,8 @@ TORCH_LIBRARY(instanttensor, m) {
       .def(torch::init<std::vector<std::string>, c10::Device, bool,
                        std::optional<std::vector<std::string>>, std::optional<int64_t>,
                        std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
-                       std::optional<std::string>>())
+                       std::optional<std::string>,
+                       std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>>())
       .def("keys", &LoaderHolder::keys)
       .def("offset_keys", &LoaderHolder::offset_keys)
       .def("has_metadata", &LoaderHolder::has_metadata)

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstdint>
 #include <map>
@@ -34,6 +35,10 @@ struct OpenOptions {
   std::optional<int64_t> concurrency;  // read worker threads
   std::optional<int64_t> io_depth;     // read requests kept in flight
   std::optional<std::string> backend;  // comma list, preferred first: auto, pread, buffered, ...
+  // Distributed loading: with a group of more than one rank (a CPU backend such as gloo), each
+  // rank reads about 1/world of the bytes and iteration hands every rank every tensor. All ranks
+  // must open the same files and keys (checked up front) and iterate in step.
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group;
 };
 
 struct TensorMetadata {
@@ -43,7 +48,8 @@ struct TensorMetadata {
 
 // Counters of one SafeOpen since it was opened.
 struct Stats {
-  uint64_t bytes_read = 0;         // bytes read from storage
+  uint64_t bytes_read = 0;         // bytes read from storage (by this rank)
+  uint64_t bytes_received = 0;     // bytes other ranks read and sent to this one
   uint64_t read_requests = 0;      // read requests completed
   uint64_t tensors_loaded = 0;     // tensors handed out (iteration and get_tensor)
   uint64_t materializations = 0;   // borrowed tensors copied out before their memory was reused

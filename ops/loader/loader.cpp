@@ -104,6 +104,14 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   uint64_t max_group = options_.copy ? 0 : std::min(chunk_size_, buffer_size_ / 4);
   plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), max_group);
 
+  if (options.process_group && options.process_group->getSize() > 1) {
+    exchange_ = std::make_unique<loader::RankExchange>(options.process_group);
+    std::vector<uint64_t> group_bytes;
+    for (const auto& group : plan_.groups) group_bytes.push_back(group.length);
+    owner_ = loader::assign_owners(group_bytes, exchange_->world());
+    // Before any data moves: every rank must be loading the same thing.
+    exchange_->handshake(checkpoint_digest(), checkpoint_->files()[0].path);
+  }
   stats_.backend = io_->description();
   stats_.buffer_size = buffer_size_;
   stats_.open_seconds = seconds_since(start);
@@ -318,9 +326,57 @@ size_t Loader::submit_range(size_t file_index, const plan::AlignedRange& range, 
   return pieces.size();
 }
 
+uint64_t Loader::checkpoint_digest() const {
+  // FNV-1a over what must agree across ranks: file sizes and headers, the selection.
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t size) {
+    for (size_t i = 0; i < size; ++i) {
+      hash = (hash ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+    }
+  };
+  for (const auto& file : checkpoint_->files()) {
+    mix(&file.size, sizeof(file.size));
+    mix(&file.header.header_length, sizeof(file.header.header_length));
+  }
+  for (size_t index : plan_.items) {
+    const auto& t = checkpoint_->tensors()[index];
+    mix(t.name().data(), t.name().size());
+    mix(&t.file_offset, sizeof(t.file_offset));
+    mix(&t.nbytes, sizeof(t.nbytes));
+  }
+  return hash;
+}
+
+void Loader::receive_group(size_t g) {
+  GroupState& state = groups_[g];
+  const plan::ReadGroup& group = plan_.groups[g];
+  std::optional<Error> failure;
+  if (reads_here(g)) {
+    try {
+      wait_for_group(g);
+    } catch (const Error& e) {
+      failure = e;  // still sent, so every rank raises instead of waiting for the bytes
+    }
+  }
+  try {
+    exchange_->exchange(owner_[g], state.dest + state.range.prefix, group.length, failure);
+  } catch (const Error& e) {
+    drain_in_flight();
+    pass_error_.emplace(e);
+    throw;
+  }
+  if (!reads_here(g)) stats_.bytes_received += group.length;
+  state.done = true;
+}
+
 void Loader::submit_group(size_t g) {
   GroupState& state = groups_[g];
   state.submitted = true;
+  if (plan_.groups[g].length == 0) {  // nothing to read or send, on any rank
+    state.done = true;
+    return;
+  }
+  if (!reads_here(g)) return;  // another rank reads it; receive_group() brings the bytes
   state.pending = submit_range(plan_.groups[g].file_index, state.range, state.dest, g);
   if (state.pending == 0) state.done = true;
 }
@@ -433,7 +489,11 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
     }
     submit_group(next_group_++);
   }
-  wait_for_group(g);
+  if (exchange_ && !groups_[g].done) {
+    receive_group(g);
+  } else {
+    wait_for_group(g);
+  }
   pump();
   return hand_out(item);
 }

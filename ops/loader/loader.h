@@ -15,6 +15,7 @@
 #include "io/io_setup.h"
 #include "io/read_backend.h"
 #include "loader/options.h"
+#include "loader/rank_exchange.h"
 #include "plan/read_plan.h"
 #include "pool/ring_allocator.h"
 
@@ -49,7 +50,7 @@ class Loader {
     uint8_t* dest = nullptr;   // where the range lands (owned block or ring)
     size_t pending = 0;        // pieces in flight
     bool submitted = false;
-    bool done = false;
+    bool done = false;       // the group's bytes are in place (read here or received)
   };
   struct ItemState {
     c10::intrusive_ptr<c10::StorageImpl> owned;  // copy=true: the tensor's own storage
@@ -75,6 +76,10 @@ class Loader {
   size_t submit_range(size_t file_index, const plan::AlignedRange& range, uint8_t* dest,
                       uint64_t tag);
   void wait_for_group(size_t group);
+  bool reads_here(size_t group) const { return owner_.empty() || owner_[group] == exchange_->rank(); }
+  // Distributed: brings group `g` to this rank (reading it here if this rank owns it).
+  void receive_group(size_t g);
+  uint64_t checkpoint_digest() const;
   void handle_completion(const io::ReadCompletion& completion);
   [[noreturn]] void fail_pass(Error error);
   Error read_error(const io::ReadCompletion& completion, const format::IndexedTensor& t) const;
@@ -102,6 +107,10 @@ class Loader {
   uint64_t ring_alignment_ = 64;
   std::unique_ptr<io::ReadBackend> backend_;
   bool closed_ = false;
+
+  // Distributed: the exchange and the rank that reads each group (empty when single-process).
+  std::unique_ptr<loader::RankExchange> exchange_;
+  std::vector<int> owner_;
 
   // The current pass.
   uint64_t pass_id_ = 0;

@@ -33,10 +33,16 @@ def _optional_int(name: str, value: Any) -> int | None:
     return value
 
 
-def _world_size(process_group: Any) -> int:
+def _boxed_group(process_group: Any) -> Any:
+    """The group as the engine takes it (a c10d ProcessGroup script object), or None for a
+    single process."""
+    if process_group is None:
+        return None
     import torch.distributed as dist
 
-    return dist.get_world_size(process_group)
+    if dist.get_world_size(process_group) <= 1:
+        return None
+    return process_group.boxed()
 
 
 class SafeSlice:
@@ -121,10 +127,6 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         self._handle = None
         if framework not in ("pt", "torch"):
             raise ValueError(f"framework={framework!r} is not supported; use 'pt'")
-        if process_group is not None and _world_size(process_group) > 1:
-            raise NotImplementedError(
-                "distributed loading (process_group with world size > 1) is not built yet"
-            )
         if max_free_mem_usage is not None and not (0.0 < float(max_free_mem_usage) <= 1.0):
             raise ValueError(f"max_free_mem_usage={max_free_mem_usage!r} must be in (0, 1]")
         if keys is not None:
@@ -147,6 +149,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
                 _optional_int("concurrency", concurrency),
                 _optional_int("io_depth", io_depth),
                 backend,
+                _boxed_group(process_group),
             )
             self.total_tensor_size: int = self._handle.total_tensor_size()
             self.buffer_size: int = self._handle.buffer_size()

@@ -36,8 +36,22 @@ class Faults : public ::testing::Test {
   void TearDown() override { io::disarm_faults(); }
 };
 
+// io_uring's kernel workers (iou-wrk) come and go on their own schedule: wait until the count
+// is at most `expected`, for up to 2 s.
 void settle_threads(int expected) {
-  for (int i = 0; i < 200 && testing::thread_count() != expected; ++i) ::usleep(10000);
+  for (int i = 0; i < 200 && testing::thread_count() > expected; ++i) ::usleep(10000);
+}
+
+// The thread count once lingering kernel workers have left (stable for 100 ms).
+int quiet_thread_count() {
+  int last = testing::thread_count();
+  for (int stable = 0, i = 0; stable < 10 && i < 300; ++i) {
+    ::usleep(10000);
+    int now = testing::thread_count();
+    stable = now == last ? stable + 1 : 0;
+    last = now;
+  }
+  return last;
 }
 
 void expect_all_correct(const Model& model, OpenOptions options) {
@@ -55,7 +69,7 @@ TEST_F(Faults, FailedReadIsAClearErrorOnEveryPathAndLeaksNothing) {
   TempDir dir;
   auto model = write_model(dir);
   int fds = testing::open_fd_count();
-  int threads = testing::thread_count();
+  int threads = quiet_thread_count();
   for (bool copy : {true, false}) {
     for (int nth : {1, 3, 7}) {
       SCOPED_TRACE(std::string(copy ? "copy" : "borrow") + " read " + std::to_string(nth));
@@ -86,7 +100,7 @@ TEST_F(Faults, FailedReadIsAClearErrorOnEveryPathAndLeaksNothing) {
   }
   EXPECT_EQ(testing::open_fd_count(), fds);
   settle_threads(threads);
-  EXPECT_EQ(testing::thread_count(), threads);
+  EXPECT_LE(testing::thread_count(), threads);
 }
 
 TEST_F(Faults, ShortReadsEintrAndEagainAreRetriedTransparently) {
@@ -142,7 +156,7 @@ TEST_F(Faults, ThousandsOfLoadersGrowNothing) {
   };
   for (int i = 0; i < 50; ++i) SafeOpen(model.files).next();  // warm allocator caches
   int fds = testing::open_fd_count();
-  int threads = testing::thread_count();
+  int threads = quiet_thread_count();
   long rss = rss_kb();
   for (int i = 0; i < 2000; ++i) {
     OpenOptions options;
@@ -153,7 +167,7 @@ TEST_F(Faults, ThousandsOfLoadersGrowNothing) {
   }
   settle_threads(threads);
   EXPECT_EQ(testing::open_fd_count(), fds);
-  EXPECT_EQ(testing::thread_count(), threads);
+  EXPECT_LE(testing::thread_count(), threads);
   EXPECT_LT(rss_kb() - rss, 32 * 1024) << "RSS grew by more than 32 MiB over 2000 loaders";
 }
 

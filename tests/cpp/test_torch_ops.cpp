@@ -34,7 +34,8 @@ TEST(TorchOps, LoaderClassThroughTheCustomClassRegistry) {
     auto object = c10::ivalue::Object::create(c10::StrongTypePtr(nullptr, cls), 1);
     c10::IValue none;
     cls->getMethod("__init__")({object, c10::List<std::string>({dir.file("m.safetensors")}),
-                                c10::Device(c10::kCPU), copy, none, none, none, none, none, none});
+                                c10::Device(c10::kCPU), copy, none, none, none, none, none, none,
+                                none});
     auto& next = cls->getMethod("next");
     std::map<std::string, at::Tensor> seen;
     for (;;) {
