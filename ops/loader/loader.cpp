@@ -205,7 +205,6 @@ void Loader::drain_in_flight() noexcept {
 void Loader::begin_pass() {
   // Reads of an abandoned pass still target its memory: finish them before anything is reused.
   drain_in_flight();
-  checkpoint_->check_unchanged();
   ++pass_id_;
   pass_started_ = true;
   pass_error_.reset();
@@ -214,11 +213,25 @@ void Loader::begin_pass() {
   next_group_ = 0;
   next_item_ = 0;
   ahead_bytes_ = 0;
+  try {
+    checkpoint_->check_unchanged();
+  } catch (const Error& e) {
+    pass_error_.emplace(e);  // the pass is over before it began; next() keeps saying why
+    throw;
+  }
 }
 
 void Loader::restart() {
   std::lock_guard<std::mutex> lock(mutex_);
   ensure_open();
+  if (exchange_) {
+    // Distributed: the pass begins inside the first next(), where a failure (a changed file)
+    // travels with the first exchange instead of raising on this rank alone.
+    drain_in_flight();
+    pass_started_ = false;
+    pass_error_.reset();
+    return;
+  }
   begin_pass();
 }
 
@@ -347,24 +360,22 @@ uint64_t Loader::checkpoint_digest() const {
   return hash;
 }
 
-void Loader::receive_group(size_t g) {
+void Loader::receive_group(size_t g, std::optional<Error> failure) {
   GroupState& state = groups_[g];
-  const plan::ReadGroup& group = plan_.groups[g];
-  std::optional<Error> failure;
-  if (reads_here(g)) {
-    try {
-      wait_for_group(g);
-    } catch (const Error& e) {
-      failure = e;  // still sent, so every rank raises instead of waiting for the bytes
-    }
+  if (state.exchanged) {
+    if (failure) throw *failure;
+    return;
   }
+  const plan::ReadGroup& group = plan_.groups[g];
   try {
-    exchange_->exchange(owner_[g], state.dest + state.range.prefix, group.length, failure);
+    uint8_t* data = state.dest ? state.dest + state.range.prefix : nullptr;
+    exchange_->exchange(owner_[g], data, failure ? 0 : group.length, failure);
   } catch (const Error& e) {
     drain_in_flight();
     pass_error_.emplace(e);
     throw;
   }
+  state.exchanged = true;
   if (!reads_here(g)) stats_.bytes_received += group.length;
   state.done = true;
 }
@@ -471,13 +482,7 @@ at::Tensor Loader::aligned(at::Tensor tensor) {
   return tensor_over(std::move(owned), tensor.scalar_type(), tensor.sizes().vec());
 }
 
-std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  ensure_open();
-  if (!pass_started_) begin_pass();
-  if (pass_error_) throw *pass_error_;
-  if (next_item_ >= plan_.items.size()) return std::nullopt;
-  size_t item = next_item_;
+void Loader::make_ready(size_t item) {
   size_t g = plan_.group_of[item];
   pump();
   if (!groups_[g].submitted) {
@@ -489,10 +494,41 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
     }
     submit_group(next_group_++);
   }
-  if (exchange_ && !groups_[g].done) {
-    receive_group(g);
-  } else {
-    wait_for_group(g);
+  if (reads_here(g)) wait_for_group(g);
+}
+
+std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_open();
+  if (!exchange_) {
+    if (!pass_started_) begin_pass();
+    if (pass_error_) throw *pass_error_;
+    if (next_item_ >= plan_.items.size()) return std::nullopt;
+    size_t item = next_item_;
+    make_ready(item);
+    pump();
+    return hand_out(item);
+  }
+  // Distributed: every rank walks the same items, so any failure here (a changed file, a read
+  // error, no memory) is carried by this item's exchange and raises on every rank together.
+  if (pass_error_) throw *pass_error_;
+  if (pass_started_ && next_item_ >= plan_.items.size()) return std::nullopt;
+  std::optional<Error> failure;
+  size_t item = pass_started_ ? next_item_ : 0;
+  if (item >= plan_.items.size()) {
+    begin_pass();
+    return std::nullopt;
+  }
+  try {
+    if (!pass_started_) begin_pass();
+    make_ready(item);
+  } catch (const Error& e) {
+    failure = e;
+  }
+  if (!groups_.empty()) {
+    receive_group(plan_.group_of[item], failure);
+  } else if (failure) {
+    throw *failure;
   }
   pump();
   return hand_out(item);

@@ -51,6 +51,7 @@ class Loader {
     size_t pending = 0;        // pieces in flight
     bool submitted = false;
     bool done = false;       // the group's bytes are in place (read here or received)
+    bool exchanged = false;  // distributed: this group's exchange has run
   };
   struct ItemState {
     c10::intrusive_ptr<c10::StorageImpl> owned;  // copy=true: the tensor's own storage
@@ -76,9 +77,13 @@ class Loader {
   size_t submit_range(size_t file_index, const plan::AlignedRange& range, uint8_t* dest,
                       uint64_t tag);
   void wait_for_group(size_t group);
-  bool reads_here(size_t group) const { return owner_.empty() || owner_[group] == exchange_->rank(); }
+  bool reads_here(size_t group) const {
+    return owner_.empty() || owner_[group] == exchange_->rank();
+  }
   // Distributed: brings group `g` to this rank (reading it here if this rank owns it).
-  void receive_group(size_t g);
+  void receive_group(size_t g, std::optional<Error> failure);
+  // Places, submits and (when this rank reads it) waits for the group of `item`.
+  void make_ready(size_t item);
   uint64_t checkpoint_digest() const;
   void handle_completion(const io::ReadCompletion& completion);
   [[noreturn]] void fail_pass(Error error);

@@ -50,30 +50,43 @@ void RankExchange::handshake(uint64_t digest, const std::string& file) {
 }
 
 void RankExchange::exchange(int owner, uint8_t* data, uint64_t nbytes,
-                            const std::optional<Error>& owner_error) {
-  // Status word (0 ok, else the error kind + 1) and the owner's message, in one broadcast.
-  std::vector<uint8_t> header(8 + kMessageBytes, 0);
-  if (rank_ == owner && owner_error) {
-    int64_t status = static_cast<int64_t>(owner_error->kind()) + 1;
-    std::memcpy(header.data(), &status, 8);
-    std::string message = owner_error->what();
-    std::memcpy(header.data() + 8, message.data(),
+                            const std::optional<Error>& failure) {
+  // Status word (0 ok, else the error kind + 1) and the message, from every rank.
+  auto header = at::zeros({8 + kMessageBytes}, at::kByte);
+  if (failure) {
+    int64_t status = static_cast<int64_t>(failure->kind()) + 1;
+    std::memcpy(header.data_ptr(), &status, 8);
+    std::string message = failure->what();
+    std::memcpy(header.data_ptr<uint8_t>() + 8, message.data(),
                 std::min<size_t>(message.size(), kMessageBytes - 1));
   }
-  std::vector<at::Tensor> status_tensors = {bytes_view(header.data(), header.size())};
-  c10d::BroadcastOptions options;
-  options.rootRank = owner;
-  group_->broadcast(status_tensors, options)->wait();
-  int64_t status = 0;
-  std::memcpy(&status, header.data(), 8);
-  if (status != 0) {
-    if (rank_ == owner && owner_error) throw *owner_error;
-    std::string message(reinterpret_cast<const char*>(header.data()) + 8);
-    throw Error(static_cast<ErrorKind>(status - 1), "", "",
-                "rank " + std::to_string(owner) + " failed: " + message);
+  std::vector<at::Tensor> input = {header};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int r = 0; r < world_; ++r) output[0].push_back(at::empty_like(header));
+  group_->allgather(output, input)->wait();
+  bool any_failed = false;
+  for (int r = 0; r < world_; ++r) {
+    int64_t status = 0;
+    std::memcpy(&status, output[0][r].data_ptr(), 8);
+    any_failed |= status != 0;
+  }
+  // Every rank has every status before anyone raises: one more round trip, so a failing rank
+  // that exits right away cannot cut the others off mid-collective.
+  if (any_failed) group_->barrier()->wait();
+  if (failure) throw *failure;
+  for (int r = 0; r < world_; ++r) {
+    int64_t status = 0;
+    std::memcpy(&status, output[0][r].data_ptr(), 8);
+    if (status != 0) {
+      std::string message(reinterpret_cast<const char*>(output[0][r].data_ptr<uint8_t>()) + 8);
+      throw Error(static_cast<ErrorKind>(status - 1), "", "",
+                  "rank " + std::to_string(r) + " failed: " + message);
+    }
   }
   if (nbytes == 0) return;
   std::vector<at::Tensor> payload = {bytes_view(data, nbytes)};
+  c10d::BroadcastOptions options;
+  options.rootRank = owner;
   group_->broadcast(payload, options)->wait();
 }
 

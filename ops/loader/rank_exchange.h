@@ -1,11 +1,10 @@
 // Distributed loading over a c10d ProcessGroup: who reads what, the handshake, the exchanges.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
 #include "instanttensor/error.h"
@@ -29,10 +28,10 @@ class RankExchange {
   // rank, naming the ranks that differ, when they do not all match. `file` names the checkpoint.
   void handshake(uint64_t digest, const std::string& file);
 
-  // Moves `nbytes` at `data` from `owner` to every rank. The owner passes its read error, if
-  // any: a status word travels first, so a failure on the owner raises on every rank (with the
-  // owner's message) instead of leaving the others waiting.
-  void exchange(int owner, uint8_t* data, uint64_t nbytes, const std::optional<Error>& owner_error);
+  // Moves `nbytes` at `data` from `owner` to every rank. Every rank first contributes a status
+  // word (and its error message, if it failed: a read error, a changed file, ...), gathered by
+  // all, so a failure on any rank raises on every rank instead of leaving the others waiting.
+  void exchange(int owner, uint8_t* data, uint64_t nbytes, const std::optional<Error>& failure);
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
