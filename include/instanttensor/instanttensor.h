@@ -39,6 +39,17 @@ struct OpenOptions {
   // rank reads about 1/world of the bytes and iteration hands every rank every tensor. All ranks
   // must open the same files and keys (checked up front) and iterate in step.
   c10::intrusive_ptr<c10d::ProcessGroup> process_group;
+  // Staged transfer (always used for accelerator targets): reads land in a host staging ring of
+  // staging_size bytes (pinned for accelerators; default: the largest tensor + 64 MiB) and are
+  // copied to the device on the loader's stream. force_staging takes that path for a CPU target
+  // too, so the whole transfer stage runs (and is tested) without an accelerator.
+  bool force_staging = false;
+  std::optional<int64_t> staging_size;
+  // Bytes of device memory the loader may use (the Python layer passes max_free_mem_usage x free
+  // memory). copy=false: buffer_size must fit; a tensor larger than the budget is Error(Argument)
+  // naming it, before anything is allocated, or with host_fallback a CPU tensor.
+  std::optional<int64_t> device_budget;
+  bool host_fallback = false;
 };
 
 struct TensorMetadata {

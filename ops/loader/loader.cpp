@@ -24,6 +24,7 @@ constexpr uint64_t kRandomAccessTag = 1ull << 63;
 constexpr uint64_t kRingAlignment = 64;
 constexpr uint64_t kDefaultChunk = 8ull << 20;
 constexpr uint64_t kDefaultReadAhead = 256ull << 20;
+constexpr uint64_t kDefaultStaging = 64ull << 20;
 constexpr int kDefaultConcurrency = 4;
 constexpr int kDefaultIoDepth = 32;
 
@@ -77,31 +78,52 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
     total += t.nbytes;
     if (t.nbytes > largest) largest = t.nbytes, largest_name = t.name();
   }
+  // A tensor's region: its bytes, widened to whole O_DIRECT blocks, plus placement slack.
+  const uint64_t widening = io_->direct() ? 2 * io_alignment_ : 0;
+  const uint64_t slot = largest + ring_alignment_ + widening;
+  const uint64_t whole = total + (ring_alignment_ + widening) * selected.size() + slot;
+  auto refuse = [&](const char* option, uint64_t have, uint64_t need) {
+    const auto& t = checkpoint_->tensors()[checkpoint_->index_of(largest_name)];
+    throw Error(ErrorKind::Argument, file_of(t), largest_name,
+                "tensor of " + std::to_string(largest) + " bytes does not fit " + option + "=" +
+                    std::to_string(have) + " bytes (needs at least " + std::to_string(need) + ")");
+  };
   if (options_.copy) {
     buffer_size_ = options_.buffer_size ? options_.buffer_size
                                         : std::max<uint64_t>(std::min(total, kDefaultReadAhead), 1);
   } else {
-    // A tensor's region: its bytes, widened to whole O_DIRECT blocks, plus placement slack.
-    const uint64_t widening = io_->direct() ? 2 * io_alignment_ : 0;
-    const uint64_t slot = largest + ring_alignment_ + widening;
-    if (options_.buffer_size) {
-      buffer_size_ = options_.buffer_size;
-      if (slot > buffer_size_) {
-        const auto& t = checkpoint_->tensors()[checkpoint_->index_of(largest_name)];
-        throw Error(ErrorKind::Argument, file_of(t), largest_name,
-                    "tensor of " + std::to_string(largest) +
-                        " bytes does not fit a borrow buffer of buffer_size=" +
-                        std::to_string(buffer_size_) + " bytes (needs at least " +
-                        std::to_string(slot) + ")");
-      }
-    } else {
-      // Two of the largest (the live one and the next) plus read-ahead, capped by what a pass
-      // can possibly hold at once.
-      buffer_size_ =
-          2 * slot + std::min(total + kRingAlignment * selected.size(), kDefaultReadAhead);
-    }
+    // Two of the largest (the live one and the next) plus read-ahead, but never more than the
+    // whole selection needs: a small checkpoint gets a small buffer.
+    buffer_size_ =
+        options_.buffer_size ? options_.buffer_size : std::min(2 * slot + kDefaultReadAhead, whole);
+    if (slot > buffer_size_) refuse("a borrow buffer of buffer_size", buffer_size_, slot);
   }
-  uint64_t max_group = options_.copy ? 0 : std::min(chunk_size_, buffer_size_ / 4);
+  staged_ = options.force_staging || !options_.device.is_cpu();
+  host_borrow_ = !options_.copy || staged_;
+  if (staged_) {
+    // Reads land in a small host staging ring (pinned for accelerators) and are copied on.
+    host_ring_bytes_ = options.staging_size ? static_cast<uint64_t>(*options.staging_size)
+                                            : std::min(slot + kDefaultStaging, whole);
+    if (slot > host_ring_bytes_) refuse("a staging buffer of staging_size", host_ring_bytes_, slot);
+    if (options.device_budget) {
+      uint64_t budget = static_cast<uint64_t>(*options.device_budget);
+      if (!options_.copy && buffer_size_ > budget) {
+        throw Error(ErrorKind::Argument, checkpoint_->files()[0].path, "",
+                    "buffer_size=" + std::to_string(buffer_size_) +
+                        " bytes exceeds the device memory budget of " + std::to_string(budget) +
+                        " bytes (max_free_mem_usage x free device memory)");
+      }
+      if (largest > budget && !options.host_fallback) {
+        refuse("the device memory budget", budget, largest);
+      }
+      device_budget_ = budget;
+    }
+    host_fallback_ = options.host_fallback;
+    stage_ = std::make_unique<loader::DeviceStage>(options_.device, options_.copy, buffer_size_);
+  } else {
+    host_ring_bytes_ = buffer_size_;
+  }
+  uint64_t max_group = host_borrow_ ? std::min(chunk_size_, host_ring_bytes_ / 4) : 0;
   plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), max_group);
 
   if (options.process_group && options.process_group->getSize() > 1) {
@@ -169,15 +191,27 @@ TensorMetadata Loader::get_tensor_metadata(const std::string& name) const {
 
 Stats Loader::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  Stats out = stats_;
+  if (stage_) out.materializations += stage_->materializations();
+  return out;
 }
 
 void Loader::ensure_ring() {
   if (ring_) return;
   // Not pre-faulted: with MADV_HUGEPAGE the first read into each 2 MiB page faults it in more
   // cheaply than a separate memset pass (measured: 0.082 s -> 0.057 s for a 265 MB pass).
-  ring_memory_ = pool::allocate_host_window(buffer_size_, 0, ring_alignment_, "the borrow buffer");
-  ring_ = std::make_unique<pool::RingAllocator>(buffer_size_, ring_alignment_);
+  if (staged_ && !options_.device.is_cpu()) {
+    // Pinned, so host-to-device copies run on the copy engine without a driver bounce buffer.
+    pinned_ring_ = at::empty({static_cast<int64_t>(host_ring_bytes_ + ring_alignment_)},
+                             at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    auto base = reinterpret_cast<uintptr_t>(pinned_ring_.data_ptr());
+    auto aligned_base = (base + ring_alignment_ - 1) / ring_alignment_ * ring_alignment_;
+    ring_memory_ = c10::DataPtr(reinterpret_cast<void*>(aligned_base), c10::Device(c10::kCPU));
+  } else {
+    ring_memory_ =
+        pool::allocate_host_window(host_ring_bytes_, 0, ring_alignment_, "the borrow buffer");
+  }
+  ring_ = std::make_unique<pool::RingAllocator>(host_ring_bytes_, ring_alignment_);
 }
 
 io::ReadBackend& Loader::backend() {
@@ -263,6 +297,7 @@ bool Loader::reclaim_oldest_region(bool force) {
     if (end > next_item_) return false;
     if (live_or_pending && !force) return false;
   }
+  oldest.staging_free.wait();  // a copy to the device may still be reading these bytes
   release_region_storages(oldest, true);
   ring_bytes_in_use_ -= region_sizes_.front();
   region_sizes_.pop_front();
@@ -275,7 +310,7 @@ bool Loader::place_group(size_t g, bool force) {
   const plan::ReadGroup& group = plan_.groups[g];
   GroupState& state = groups_[g];
   state.range = plan::align_range(group.file_offset, group.length, io_alignment_);
-  if (options_.copy) {
+  if (!host_borrow_) {
     if (ahead_bytes_ > 0 && ahead_bytes_ + group.length > buffer_size_ && !force) return false;
     for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
       uint64_t nbytes = tensor_of_item(item).nbytes;
@@ -441,7 +476,8 @@ void Loader::wait_for_group(size_t g) {
 
 at::Tensor Loader::to_target_device(at::Tensor tensor) const {
   if (options_.device.is_cpu()) return tensor;
-  // Until the staged transfer path exists, other devices get a host read followed by a copy.
+  if (host_fallback_ && tensor.nbytes() > device_budget_) return tensor;
+  // Random access reads one tensor at a time into its own host storage: a plain copy suffices.
   return tensor.to(options_.device);
 }
 
@@ -453,20 +489,32 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
   // Take the owned storage before anything can throw, so a tensor torch cannot represent
   // (F6) is skipped cleanly and the read-ahead budget stays right.
   auto owned = std::move(state.owned);
-  if (options_.copy) ahead_bytes_ -= t.nbytes;
+  if (!host_borrow_) ahead_bytes_ -= t.nbytes;
   auto dtype = loader::to_torch_dtype(t.entry->dtype, file, t.name());
   auto shape = loader::to_torch_shape(*t.entry, file);
   stats_.tensors_loaded += 1;
-  if (options_.copy) {
-    return {t.name(), to_target_device(aligned(tensor_over(std::move(owned), dtype, shape)))};
-  }
+  if (!host_borrow_) return {t.name(), aligned(tensor_over(std::move(owned), dtype, shape))};
+  at::Tensor host;
   if (state.borrowed == nullptr) {  // an empty tensor: nothing in the ring
-    return {t.name(),
-            to_target_device(tensor_over(make_storage(pool::allocate_host(0, false, "a tensor"), 0),
-                                         dtype, shape))};
+    host = tensor_over(make_storage(pool::allocate_host(0, false, "a tensor"), 0), dtype, shape);
+  } else {
+    auto storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(state.borrowed);
+    host = aligned(tensor_over(std::move(storage), dtype, shape));
   }
-  auto storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(state.borrowed);
-  return {t.name(), to_target_device(aligned(tensor_over(std::move(storage), dtype, shape)))};
+  if (!staged_) return {t.name(), host};
+  if (host_fallback_ && t.nbytes > device_budget_) {
+    return {t.name(), host.clone()};  // too large for the device budget: an owned CPU tensor
+  }
+  loader::CopyFence staging_free;
+  at::Tensor on_device = stage_->transfer(host, &staging_free);
+  for (auto region = regions_.rbegin(); region != regions_.rend(); ++region) {
+    if (region->pass == pass_id_ && region->first_item <= item &&
+        item < region->first_item + region->item_count) {
+      region->staging_free = staging_free;
+      break;
+    }
+  }
+  return {t.name(), on_device};
 }
 
 at::Tensor Loader::aligned(at::Tensor tensor) {
@@ -615,8 +663,12 @@ void Loader::close() {
   if (closed_) return;
   closed_ = true;
   drain_in_flight();
+  if (stage_) stage_->close();
   // Retained borrowed tensors must outlive the ring: copy them out now.
-  for (auto& region : regions_) release_region_storages(region, true);
+  for (auto& region : regions_) {
+    region.staging_free.wait();
+    release_region_storages(region, true);
+  }
   regions_.clear();
   region_sizes_.clear();
   items_.clear();
@@ -625,6 +677,7 @@ void Loader::close() {
   io_->close();
   ring_.reset();
   ring_memory_.clear();
+  pinned_ring_ = at::Tensor();
   if (options_.debug) {
     std::cerr << "[instanttensor] " << checkpoint_->files()[0].path << ": " << stats_.bytes_read
               << " bytes in " << stats_.read_requests << " reads, wait " << stats_.wait_seconds

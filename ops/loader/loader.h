@@ -14,6 +14,7 @@
 #include "instanttensor/instanttensor.h"
 #include "io/io_setup.h"
 #include "io/read_backend.h"
+#include "loader/device_stage.h"
 #include "loader/options.h"
 #include "loader/rank_exchange.h"
 #include "plan/read_plan.h"
@@ -63,6 +64,7 @@ class Loader {
     size_t first_item = 0;
     size_t item_count = 0;
     std::vector<c10::intrusive_ptr<c10::StorageImpl>> storages;
+    loader::CopyFence staging_free;  // staged: after the device copy that read this region
   };
 
   void ensure_open() const;
@@ -106,6 +108,15 @@ class Loader {
   std::unique_ptr<format::Checkpoint> checkpoint_;
   plan::ReadPlan plan_;
   uint64_t buffer_size_ = 0;
+  // The host pipeline borrows from a ring (copy=false, or staged) or reads into owned storage.
+  bool host_borrow_ = false;
+  uint64_t host_ring_bytes_ = 0;
+  // Staged transfer (accelerator target, or forced): host staging ring -> DeviceStage.
+  bool staged_ = false;
+  bool host_fallback_ = false;
+  uint64_t device_budget_ = UINT64_MAX;
+  std::unique_ptr<loader::DeviceStage> stage_;
+  at::Tensor pinned_ring_;
   uint64_t chunk_size_ = 0;
   std::unique_ptr<io::IoSetup> io_;
   uint64_t io_alignment_ = 1;  // O_DIRECT alignment of reads (1: buffered)
