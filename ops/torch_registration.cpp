@@ -60,7 +60,9 @@ class LoaderHolder : public torch::CustomClassHolder {
                std::optional<std::vector<std::string>> keys, std::optional<int64_t> buffer_size,
                std::optional<int64_t> chunk_size, std::optional<int64_t> concurrency,
                std::optional<int64_t> io_depth, std::optional<std::string> backend,
-               std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> process_group)
+               std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> process_group,
+               std::optional<int64_t> staging_size, std::optional<int64_t> device_budget,
+               bool host_fallback, bool force_staging)
       : opened_(std::move(files), [&] {
           OpenOptions options;
           options.device = device;
@@ -72,6 +74,10 @@ class LoaderHolder : public torch::CustomClassHolder {
           options.io_depth = io_depth;
           options.backend = std::move(backend);
           if (process_group) options.process_group = *process_group;
+          options.staging_size = staging_size;
+          options.device_budget = device_budget;
+          options.host_fallback = host_fallback;
+          options.force_staging = force_staging;
           return options;
         }()) {}
 
@@ -188,7 +194,8 @@ TORCH_LIBRARY(instanttensor, m) {
                        std::optional<std::vector<std::string>>, std::optional<int64_t>,
                        std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
                        std::optional<std::string>,
-                       std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>>())
+                       std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>,
+                       std::optional<int64_t>, std::optional<int64_t>, bool, bool>())
       .def("keys", &LoaderHolder::keys)
       .def("offset_keys", &LoaderHolder::offset_keys)
       .def("has_metadata", &LoaderHolder::has_metadata)

@@ -14,7 +14,8 @@ def _load_tensors_fake(files: list[str], names: list[str], device: torch.device)
     # so a file changed after tracing is an error, not a wrong shape.
     with engine_errors():
         index = torch.classes.instanttensor.Loader(
-            list(files), torch.device("cpu"), True, list(names), None, None, None, None, None, None
+            list(files), torch.device("cpu"), True, list(names), None, None, None, None, None, None,
+            None, None, False, False
         )
         try:
             specs = [index.get_tensor_metadata(name) for name in names]

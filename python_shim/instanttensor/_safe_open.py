@@ -45,6 +45,20 @@ def _boxed_group(process_group: Any) -> Any:
     return process_group.boxed()
 
 
+def _device_budget(device: torch.device, max_free_mem_usage: float | None) -> int:
+    """Bytes of device memory the loader may use: a share of what is free now."""
+    if max_free_mem_usage is None:
+        text = os.environ.get("INSTANTTENSOR_MAX_FREE_MEM_USAGE")
+        try:
+            max_free_mem_usage = float(text) if text else 0.5
+        except ValueError:
+            raise ValueError(f"INSTANTTENSOR_MAX_FREE_MEM_USAGE={text!r} is not valid; "
+                             "accepted: a number in (0, 1]") from None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    free, _ = torch.cuda.mem_get_info(index)
+    return max(1, int(free * float(max_free_mem_usage)))
+
+
 class SafeSlice:
     """safetensors' slice object: shape and dtype without reading, then `[...]` indexing.
 
@@ -102,6 +116,12 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     copied out (stats()["materializations"]), so kept tensors never change. Pointers exported
     earlier (data_ptr(), DLPack, numpy) keep pointing at the old buffer region.
 
+    Accelerators (device="cuda", "cuda:1", 1, ...): reads land in a small pinned staging ring
+    and are copied to the device on the loader's own stream; the consumer's stream waits on an
+    event, never the host. copy=False borrows from a device ring of buffer_size bytes. The
+    device memory used stays within max_free_mem_usage (default 0.5) of the free memory; a
+    tensor larger than that is a ValueError naming it, or with host_fallback=True a CPU tensor.
+
     Errors: FileNotFoundError / PermissionError / OSError for I/O, ValueError for malformed
     files and bad arguments or environment values, KeyError for unknown names; each message
     names the file and the tensor.
@@ -123,12 +143,16 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         max_free_mem_usage: float | None = None,
         backend: str | Sequence[str] | None = None,
         load_now: bool = True,
+        host_fallback: bool = False,
+        staging_size: int | None = None,
+        _force_staging: bool = False,
     ) -> None:
         self._handle = None
         if framework not in ("pt", "torch"):
             raise ValueError(f"framework={framework!r} is not supported; use 'pt'")
         if max_free_mem_usage is not None and not (0.0 < float(max_free_mem_usage) <= 1.0):
             raise ValueError(f"max_free_mem_usage={max_free_mem_usage!r} must be in (0, 1]")
+        device_budget = None
         if keys is not None:
             if isinstance(keys, str):
                 raise ValueError("keys must be a list of tensor names, not a string")
@@ -137,6 +161,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             backend = ",".join(backend)
         self._device = to_device(device)
         self._files = _paths(filename)
+        if self._device.type == "cuda":
+            device_budget = _device_budget(self._device, max_free_mem_usage)
         self.load_now = load_now  # reads always start at the first step; kept for compatibility
         with engine_errors():
             self._handle = torch.classes.instanttensor.Loader(
@@ -150,6 +176,10 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
                 _optional_int("io_depth", io_depth),
                 backend,
                 _boxed_group(process_group),
+                _optional_int("staging_size", staging_size),
+                device_budget,
+                bool(host_fallback),
+                bool(_force_staging),
             )
             self.total_tensor_size: int = self._handle.total_tensor_size()
             self.buffer_size: int = self._handle.buffer_size()

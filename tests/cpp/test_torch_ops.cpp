@@ -35,7 +35,7 @@ TEST(TorchOps, LoaderClassThroughTheCustomClassRegistry) {
     c10::IValue none;
     cls->getMethod("__init__")({object, c10::List<std::string>({dir.file("m.safetensors")}),
                                 c10::Device(c10::kCPU), copy, none, none, none, none, none, none,
-                                none});
+                                none, none, none, false, false});
     auto& next = cls->getMethod("next");
     std::map<std::string, at::Tensor> seen;
     for (;;) {
