@@ -299,8 +299,7 @@ bool Loader::reclaim_oldest_region(bool force) {
   }
   oldest.staging_free.wait();  // a copy to the device may still be reading these bytes
   release_region_storages(oldest, true);
-  ring_bytes_in_use_ -= region_sizes_.front();
-  region_sizes_.pop_front();
+  ring_bytes_in_use_ -= oldest.span;
   regions_.pop_front();
   ring_->release_oldest();
   return true;
@@ -347,6 +346,7 @@ bool Loader::place_group(size_t g, bool force) {
   region.pass = pass_id_;
   region.first_item = group.first_item;
   region.item_count = group.item_count;
+  region.span = state.range.span;
   uint64_t offset = state.range.prefix;
   for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
     uint64_t nbytes = tensor_of_item(item).nbytes;
@@ -357,7 +357,6 @@ bool Loader::place_group(size_t g, bool force) {
     offset += nbytes;
   }
   regions_.push_back(std::move(region));
-  region_sizes_.push_back(state.range.span);
   ring_bytes_in_use_ += state.range.span;
   stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ring_bytes_in_use_);
   return true;
@@ -670,7 +669,6 @@ void Loader::close() {
     release_region_storages(region, true);
   }
   regions_.clear();
-  region_sizes_.clear();
   items_.clear();
   groups_.clear();
   backend_.reset();  // joins the workers

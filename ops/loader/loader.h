@@ -63,6 +63,7 @@ class Loader {
     uint64_t pass = 0;
     size_t first_item = 0;
     size_t item_count = 0;
+    uint64_t span = 0;  // ring bytes it occupies
     std::vector<c10::intrusive_ptr<c10::StorageImpl>> storages;
     loader::CopyFence staging_free;  // staged: after the device copy that read this region
   };
@@ -143,7 +144,6 @@ class Loader {
   std::unique_ptr<pool::RingAllocator> ring_;
   std::deque<RingRegion> regions_;
   uint64_t ring_bytes_in_use_ = 0;
-  std::deque<uint64_t> region_sizes_;
 
   Stats stats_;
 };

@@ -103,6 +103,32 @@ TEST_F(Faults, FailedReadIsAClearErrorOnEveryPathAndLeaksNothing) {
   EXPECT_LE(testing::thread_count(), threads);
 }
 
+TEST_F(Faults, StagedTransferSurfacesReadErrorsToo) {
+  TempDir dir;
+  auto model = write_model(dir);
+  for (bool copy : {true, false}) {
+    OpenOptions options;
+    options.copy = copy;
+    options.force_staging = true;  // host staging ring -> device stage, on the CPU
+    options.chunk_size = 4096;
+    io::FaultPlan plan;
+    plan.fail_read_number = 5;
+    io::arm_faults(plan);
+    {
+      SafeOpen f(model.files, options);
+      try {
+        for (auto& item : f) (void)item;
+        ADD_FAILURE() << "an injected EIO went unnoticed";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::Io) << e.what();
+        EXPECT_NE(std::string(e.what()).find("tensor 'w"), std::string::npos) << e.what();
+      }
+    }
+    io::disarm_faults();
+    expect_all_correct(model, options);
+  }
+}
+
 TEST_F(Faults, ShortReadsEintrAndEagainAreRetriedTransparently) {
   TempDir dir;
   auto model = write_model(dir);
@@ -112,10 +138,13 @@ TEST_F(Faults, ShortReadsEintrAndEagainAreRetriedTransparently) {
   plan.eagain_every = 5;
   io::arm_faults(plan);
   for (bool copy : {true, false}) {
-    OpenOptions options;
-    options.copy = copy;
-    options.buffer_size = 64 << 10;
-    expect_all_correct(model, options);
+    for (bool staged : {false, true}) {
+      OpenOptions options;
+      options.copy = copy;
+      options.buffer_size = 64 << 10;
+      options.force_staging = staged;
+      expect_all_correct(model, options);
+    }
   }
 }
 
