@@ -195,7 +195,18 @@ TORCH_LIBRARY(instanttensor, m) {
                        std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
                        std::optional<std::string>,
                        std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>,
-                       std::optional<int64_t>, std::optional<int64_t>, bool, bool>())
+                       std::optional<int64_t>, std::optional<int64_t>, bool, bool>(),
+           "Opens safetensors files; only `files` is required.",
+           {torch::arg("files"), torch::arg("device") = c10::IValue(c10::Device(c10::kCPU)),
+            torch::arg("copy") = true, torch::arg("keys") = torch::arg::none(),
+            torch::arg("buffer_size") = torch::arg::none(),
+            torch::arg("chunk_size") = torch::arg::none(),
+            torch::arg("concurrency") = torch::arg::none(),
+            torch::arg("io_depth") = torch::arg::none(), torch::arg("backend") = torch::arg::none(),
+            torch::arg("process_group") = torch::arg::none(),
+            torch::arg("staging_size") = torch::arg::none(),
+            torch::arg("device_budget") = torch::arg::none(), torch::arg("host_fallback") = false,
+            torch::arg("force_staging") = false})
       .def("keys", &LoaderHolder::keys)
       .def("offset_keys", &LoaderHolder::offset_keys)
       .def("has_metadata", &LoaderHolder::has_metadata)

@@ -13,10 +13,7 @@ def _load_tensors_fake(files: list[str], names: list[str], device: torch.device)
     # Reads and validates only the headers; the real kernel validates them again when it runs,
     # so a file changed after tracing is an error, not a wrong shape.
     with engine_errors():
-        index = torch.classes.instanttensor.Loader(
-            list(files), torch.device("cpu"), True, list(names), None, None, None, None, None, None,
-            None, None, False, False
-        )
+        index = torch.classes.instanttensor.Loader(list(files), keys=list(names))
         try:
             specs = [index.get_tensor_metadata(name) for name in names]
         finally:

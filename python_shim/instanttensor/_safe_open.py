@@ -162,6 +162,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         self._device = to_device(device)
         self._files = _paths(filename)
         if self._device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device={device!r}: CUDA is not available in this torch")
             device_budget = _device_budget(self._device, max_free_mem_usage)
         self.load_now = load_now  # reads always start at the first step; kept for compatibility
         with engine_errors():

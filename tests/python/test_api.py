@@ -58,6 +58,9 @@ def test_bad_arguments_are_value_errors(model_files):
         instanttensor.safe_open(paths, keys="embed.weight")
     with pytest.raises(ValueError):
         instanttensor.safe_open([])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            instanttensor.safe_open(paths, device="cuda")
 
 
 @pytest.mark.parametrize("variable,value", [

@@ -88,9 +88,7 @@ def test_opcheck(model_files):
 
 @torch.jit.script
 def scripted_sum(files: List[str], copy: bool) -> float:
-    loader = torch.classes.instanttensor.Loader(files, torch.device("cpu"), copy, None, None,
-                                                None, None, None, None, None,
-                                                None, None, False, False)
+    loader = torch.classes.instanttensor.Loader(files, torch.device("cpu"), copy)
     total = 0.0
     count = 0
     done = False
@@ -115,9 +113,7 @@ def test_torchscript_iteration_matches_eager(model_files):
 
 def test_loader_class_from_several_threads(model_files):
     paths, tensors = model_files
-    loader = torch.classes.instanttensor.Loader(paths, torch.device("cpu"), True, None, None,
-                                                None, None, None, None, None,
-                                                None, None, False, False)
+    loader = torch.classes.instanttensor.Loader(paths)  # every option has a default
     names = sorted(tensors)
     errors: list[BaseException] = []
 
