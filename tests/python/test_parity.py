@@ -58,9 +58,10 @@ def load_every_way(paths: list[str], copy: bool, buffer_size: int | None):
        metadata=st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.text(max_size=5),
                                                       max_size=3)))
 def test_generated_checkpoints_match_safetensors(tmp_path_factory, spec, files, copy, metadata):
-    # safetensors 0.8 writes '{},"__metadata__":{}}' for no tensors and empty metadata, which
-    # its own reader (and ours) rejects: not a case to compare on.
-    assume(spec or metadata != {})
+    # safetensors 0.8 writes '{},"__metadata__":{}}' for a file with no tensors and empty
+    # metadata, which its own reader (and ours) rejects: not a case to compare on. Shard i is
+    # empty when there are no more than i tensors.
+    assume(metadata != {} or len(spec) >= files)
     folder = tmp_path_factory.mktemp("ckpt")
     tensors = {name: random_tensor(dtype, shape, seed) for name, (dtype, shape, seed) in spec.items()}
     shards: list[dict] = [{} for _ in range(files)]
