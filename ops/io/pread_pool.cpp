@@ -39,8 +39,7 @@ ReadCompletion perform_read(const ReadRequest& request) {
       break;
     }
     if (got == 0) {
-      uint64_t required = request.required ? request.required : request.length;
-      done.truncated = done.bytes < required;
+      done.truncated = done.bytes < required_bytes(request);
       break;
     }
     done.bytes += static_cast<uint64_t>(got);
@@ -94,8 +93,6 @@ class PreadPool final : public ReadBackend {
     std::lock_guard<std::mutex> lock(mutex_);
     return in_flight_;
   }
-
-  const char* name() const override { return "pread"; }
 
  private:
   void work() {

@@ -20,6 +20,11 @@ struct ReadRequest {
   uint64_t required = 0;
 };
 
+// Bytes of `request` that must arrive before end of file.
+inline uint64_t required_bytes(const ReadRequest& request) {
+  return request.required ? request.required : request.length;
+}
+
 struct ReadCompletion {
   uint64_t tag = 0;
   int error = 0;           // errno of a failed read; 0 on success
@@ -38,7 +43,6 @@ class ReadBackend {
   virtual ReadCompletion wait_completion() = 0;
   // Requests submitted and not yet returned by wait_completion().
   virtual size_t in_flight() const = 0;
-  virtual const char* name() const = 0;
 };
 
 // An io_uring ring of `depth` entries, driven from the consumer's thread: reads complete in the

@@ -78,8 +78,7 @@ class UringBackend final : public ReadBackend {
         done.error = -result;
         finished = true;
       } else if (result == 0) {
-        uint64_t required = slot.request.required ? slot.request.required : slot.request.length;
-        done.truncated = slot.done < required;
+        done.truncated = slot.done < required_bytes(slot.request);
         finished = true;
       } else {
         slot.done += static_cast<uint64_t>(result);
@@ -101,7 +100,6 @@ class UringBackend final : public ReadBackend {
   }
 
   size_t in_flight() const override { return in_flight_; }
-  const char* name() const override { return "io_uring"; }
 
  private:
   struct Slot {

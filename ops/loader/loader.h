@@ -117,7 +117,6 @@ class Loader {
   bool host_fallback_ = false;
   uint64_t device_budget_ = UINT64_MAX;
   std::unique_ptr<loader::DeviceStage> stage_;
-  at::Tensor pinned_ring_;
   uint64_t chunk_size_ = 0;
   std::unique_ptr<io::IoSetup> io_;
   uint64_t io_alignment_ = 1;  // O_DIRECT alignment of reads (1: buffered)

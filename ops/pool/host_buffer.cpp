@@ -1,5 +1,6 @@
 #include "pool/host_buffer.h"
 
+#include <ATen/ATen.h>
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -13,9 +14,9 @@ namespace {
 constexpr uint64_t kHugePage = 2ull << 20;
 
 void free_host(void* ptr) { std::free(ptr); }
-}  // namespace
 
-namespace {
+void free_pinned(void* tensor) { delete static_cast<at::Tensor*>(tensor); }
+
 void* allocate_block(uint64_t nbytes, uint64_t min_alignment, const char* purpose) {
   uint64_t alignment = nbytes >= kHugePage ? kHugePage : 64;
   if (alignment < min_alignment) alignment = min_alignment;
@@ -42,6 +43,16 @@ c10::DataPtr allocate_host_window(uint64_t span, uint64_t prefix, uint64_t align
                                   const char* purpose) {
   void* block = allocate_block(span, alignment, purpose);
   return c10::DataPtr(static_cast<char*>(block) + prefix, block, &free_host,
+                      c10::Device(c10::DeviceType::CPU));
+}
+
+c10::DataPtr allocate_pinned(uint64_t nbytes, uint64_t alignment) {
+  // torch's pinned allocator rounds up and caches; over-allocate to align inside the block.
+  auto* block = new at::Tensor(at::empty({static_cast<int64_t>(nbytes + alignment)},
+                                         at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
+  auto base = reinterpret_cast<uintptr_t>(block->data_ptr());
+  auto aligned = (base + alignment - 1) / alignment * alignment;
+  return c10::DataPtr(reinterpret_cast<void*>(aligned), block, &free_pinned,
                       c10::Device(c10::DeviceType::CPU));
 }
 

@@ -20,4 +20,9 @@ c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose);
 c10::DataPtr allocate_host_window(uint64_t span, uint64_t prefix, uint64_t alignment,
                                   const char* purpose);
 
+// `nbytes` of page-locked host memory from torch's pinned allocator (for the staging ring of an
+// accelerator target), aligned to `alignment`. The DataPtr keeps the pinned block alive.
+// Throws what torch throws when no accelerator runtime can pin memory. Any thread.
+c10::DataPtr allocate_pinned(uint64_t nbytes, uint64_t alignment);
+
 }  // namespace instanttensor::pool
