@@ -4,21 +4,16 @@
 #include <instanttensor/instanttensor.h>
 
 #include "test_files.h"
+#include "test_models.h"
 
 namespace instanttensor {
 namespace {
 
 using testing::TempDir;
 
-struct Model {
-  std::vector<std::string> files;
-  std::map<std::string, at::Tensor> tensors;
-  uint64_t largest = 0;
-  uint64_t total = 0;
-};
+using testing::Model;
 
 Model write_model(const TempDir& dir) {
-  Model model;
   std::map<std::string, at::Tensor> a, b;
   a["embed"] = at::randn({96, 64}).to(at::kBFloat16);
   for (int i = 0; i < 30; ++i) {
@@ -26,16 +21,7 @@ Model write_model(const TempDir& dir) {
     (i % 2 ? a : b)["layer." + std::to_string(i) + ".b"] = at::randn({24}).to(at::kHalf);
   }
   b["empty"] = at::empty({0, 2});
-  save_file(a, dir.file("a.safetensors"));
-  save_file(b, dir.file("b.safetensors"));
-  model.files = {dir.file("a.safetensors"), dir.file("b.safetensors")};
-  model.tensors = a;
-  model.tensors.insert(b.begin(), b.end());
-  for (auto& [name, t] : model.tensors) {
-    model.largest = std::max<uint64_t>(model.largest, t.nbytes());
-    model.total += t.nbytes();
-  }
-  return model;
+  return testing::save_shards(dir, {{"a.safetensors", a}, {"b.safetensors", b}});
 }
 
 OpenOptions staged(bool copy, int64_t staging, int64_t buffer = 0) {
