@@ -45,7 +45,7 @@ def test_torch_compile_fullgraph_matches_eager(model_files, dynamic):
     expected = forward(x)
     compiled = torch.compile(forward, fullgraph=True, dynamic=dynamic, backend="inductor")
     assert torch.allclose(compiled(x), expected)
-    assert torch.allclose(compiled(torch.randn(7, 32)).shape[0] * torch.ones(1), torch.tensor([7.0]))
+    assert compiled(torch.randn(7, 32)).shape == (7, 32)  # another batch size still runs
 
 
 def test_fake_kernel_reads_only_headers(model_files):
