@@ -28,23 +28,6 @@ at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, const at::T
 }
 }  // namespace
 
-CopyFence CopyFence::after(const c10::Stream& stream) {
-  CopyFence fence;
-  if (has_events(stream.device_type())) {
-    fence.event_ = std::make_shared<c10::Event>(stream.device_type());
-    fence.event_->record(stream);
-  }
-  return fence;
-}
-
-void CopyFence::wait() const {
-  if (event_) event_->synchronize();
-}
-
-void CopyFence::block(const c10::Stream& stream) const {
-  if (event_) event_->block(stream);
-}
-
 DeviceStage::DeviceStage(c10::Device device, bool copy, uint64_t ring_bytes)
     : device_(device),
       copy_(copy),

@@ -4,33 +4,16 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <c10/core/Event.h>
-#include <c10/core/Stream.h>
 
 #include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "loader/stream_fences.h"
 #include "pool/ring_allocator.h"
 
 namespace instanttensor::loader {
-
-// Orders later work after a copy. On devices with events it wraps one; on the CPU (whose copies
-// are synchronous) it is complete from the start: the CPU's fence of its own.
-class CopyFence {
- public:
-  CopyFence() = default;
-  // Records a fence after the work queued so far on `stream`.
-  static CopyFence after(const c10::Stream& stream);
-  // Host waits (used only when the staging ring wraps onto a copy still in flight).
-  void wait() const;
-  // `stream` waits on the device, without blocking the host.
-  void block(const c10::Stream& stream) const;
-
- private:
-  std::shared_ptr<c10::Event> event_;
-};
 
 class DeviceStage {
  public:

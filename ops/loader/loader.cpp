@@ -8,10 +8,14 @@
 #include <cstring>
 #include <iostream>
 
+#include "loader/storage_views.h"
 #include "loader/torch_dtype.h"
 #include "pool/host_buffer.h"
 
 namespace instanttensor {
+
+using loader::make_storage;
+using loader::tensor_over;
 
 namespace {
 
@@ -27,23 +31,6 @@ constexpr uint64_t kDefaultReadAhead = 256ull << 20;
 constexpr uint64_t kDefaultStaging = 64ull << 20;
 constexpr int kDefaultConcurrency = 4;
 constexpr int kDefaultIoDepth = 32;
-
-c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nbytes) {
-  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
-                                               static_cast<int64_t>(nbytes), std::move(data),
-                                               /*allocator=*/nullptr, /*resizable=*/false);
-}
-
-// A contiguous CPU tensor over `storage`, built without dispatch so that every dtype (float4,
-// float8, unsigned) works the same way.
-at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,
-                       const std::vector<int64_t>& shape) {
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
-                                                         c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                         c10::scalarTypeToTypeMeta(dtype));
-  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-  return tensor;
-}
 
 }  // namespace
 
@@ -134,6 +121,9 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
     // Before any data moves: every rank must be loading the same thing.
     exchange_->handshake(checkpoint_digest(), checkpoint_->files()[0].path);
   }
+  int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
+  int depth = options_.io_depth ? options_.io_depth : kDefaultIoDepth;
+  reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, chunk_size_, stats_);
   stats_.backend = io_->description();
   stats_.buffer_size = buffer_size_;
   stats_.open_seconds = seconds_since(start);
@@ -196,43 +186,24 @@ Stats Loader::stats() const {
   return out;
 }
 
-void Loader::ensure_ring() {
-  if (ring_) return;
-  // Not pre-faulted: with MADV_HUGEPAGE the first read into each 2 MiB page faults it in more
-  // cheaply than a separate memset pass (measured: 0.082 s -> 0.057 s for a 265 MB pass).
-  if (staged_ && !options_.device.is_cpu()) {
-    // Pinned, so host-to-device copies run on the copy engine without a driver bounce buffer.
-    ring_memory_ = pool::allocate_pinned(host_ring_bytes_, ring_alignment_);
-  } else {
-    ring_memory_ =
-        pool::allocate_host_window(host_ring_bytes_, 0, ring_alignment_, "the borrow buffer");
+loader::BorrowRing& Loader::host_ring() {
+  if (!host_ring_) {
+    host_streams_ = std::make_unique<loader::LoaderStreams>(c10::Device(c10::DeviceType::CPU));
+    bool pinned = staged_ && !options_.device.is_cpu();
+    host_ring_ = std::make_unique<loader::BorrowRing>(
+        *host_streams_,
+        pinned ? loader::BorrowRing::Memory::Pinned : loader::BorrowRing::Memory::Host,
+        host_ring_bytes_, ring_alignment_, "the borrow buffer");
   }
-  ring_ = std::make_unique<pool::RingAllocator>(host_ring_bytes_, ring_alignment_);
-}
-
-io::ReadBackend& Loader::backend() {
-  if (!backend_) {
-    // Started on first read, so opening only to list keys or shapes costs no threads.
-    int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
-    int depth = options_.io_depth ? options_.io_depth : kDefaultIoDepth;
-    backend_ = io_->start_backend(threads, depth);
-    stats_.backend = io_->description();
-  }
-  return *backend_;
+  return *host_ring_;
 }
 
 void Loader::drain_in_flight() noexcept {
-  while (backend_ && backend_->in_flight() > 0) {
-    io::ReadCompletion completion = backend_->wait_completion();
-    if (completion.tag & kRandomAccessTag) continue;
-    if (completion.tag < groups_.size() && groups_[completion.tag].pending > 0) {
-      groups_[completion.tag].pending -= 1;
-    }
-  }
+  // Reads of an abandoned pass still target its memory: finish them before anything is reused.
+  reads_->drain();
 }
 
 void Loader::begin_pass() {
-  // Reads of an abandoned pass still target its memory: finish them before anything is reused.
   drain_in_flight();
   ++pass_id_;
   pass_started_ = true;
@@ -264,26 +235,10 @@ void Loader::restart() {
   begin_pass();
 }
 
-void Loader::release_region_storages(RingRegion& region, bool count) {
-  auto start = Clock::now();
-  for (auto& storage : region.storages) {
-    // The loader's own reference is one; anything more is a consumer still holding the tensor
-    // (a view, a list entry, an export). Give it memory of its own before the ring reuses this.
-    if (storage.use_count() > 1) {
-      uint64_t nbytes = storage->nbytes();
-      c10::DataPtr fresh = pool::allocate_host(nbytes, false, "a retained borrowed tensor");
-      std::memcpy(fresh.get(), storage->data(), nbytes);
-      storage->set_data_ptr_noswap(std::move(fresh));
-      if (count) stats_.materializations += 1;
-    }
-  }
-  region.storages.clear();
-  stats_.copy_seconds += seconds_since(start);
-}
-
 bool Loader::reclaim_oldest_region(bool force) {
-  if (regions_.empty()) return false;
-  RingRegion& oldest = regions_.front();
+  auto& regions = host_ring().regions();
+  if (regions.empty()) return false;
+  const auto& oldest = regions.front();
   if (oldest.pass == pass_id_) {
     size_t end = oldest.first_item + oldest.item_count;
     // Items not handed out yet are read-ahead; the item handed out last is live (the consumer's
@@ -292,11 +247,9 @@ bool Loader::reclaim_oldest_region(bool force) {
     if (end > next_item_) return false;
     if (live_or_pending && !force) return false;
   }
-  oldest.staging_free.wait();  // a copy to the device may still be reading these bytes
-  release_region_storages(oldest, true);
-  ring_bytes_in_use_ -= oldest.span;
-  regions_.pop_front();
-  ring_->release_oldest();
+  auto start = Clock::now();
+  stats_.materializations += host_ring().release_oldest();
+  stats_.copy_seconds += seconds_since(start);
   return true;
 }
 
@@ -324,7 +277,7 @@ bool Loader::place_group(size_t g, bool force) {
     return true;
   }
   if (group.length == 0) return true;  // only empty tensors: nothing to place
-  ensure_ring();
+  auto& ring = host_ring();
   // Buffered: keep each tensor's alignment relative to the data buffer. O_DIRECT: the region
   // starts on a block, so data sits at its file offset modulo the block size.
   const auto& first = tensor_of_item(group.first_item);
@@ -332,40 +285,22 @@ bool Loader::place_group(size_t g, bool force) {
       io_alignment_ > 1
           ? 0
           : first.file_offset - checkpoint_->files()[first.file_index].header.data_start();
-  std::optional<uint64_t> at;
-  while (!(at = ring_->allocate(state.range.span, phase))) {
+  loader::BorrowRing::Region* region;
+  while (!(region = ring.place(state.range.span, phase))) {
     if (!reclaim_oldest_region(force)) return false;
   }
-  state.dest = static_cast<uint8_t*>(ring_memory_.get()) + *at;
-  RingRegion region;
-  region.pass = pass_id_;
-  region.first_item = group.first_item;
-  region.item_count = group.item_count;
-  region.span = state.range.span;
+  state.dest = region->data;
+  region->pass = pass_id_;
+  region->first_item = group.first_item;
+  region->item_count = group.item_count;
   uint64_t offset = state.range.prefix;
   for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
     uint64_t nbytes = tensor_of_item(item).nbytes;
-    auto storage =
-        make_storage(c10::DataPtr(state.dest + offset, c10::Device(c10::DeviceType::CPU)), nbytes);
-    items_[item].borrowed = storage.get();
-    region.storages.push_back(std::move(storage));
+    items_[item].borrowed = ring.borrow(*region, state.dest + offset, nbytes);
     offset += nbytes;
   }
-  regions_.push_back(std::move(region));
-  ring_bytes_in_use_ += state.range.span;
-  stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ring_bytes_in_use_);
+  stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ring.bytes_in_use());
   return true;
-}
-
-size_t Loader::submit_range(size_t file_index, const plan::AlignedRange& range, uint8_t* dest,
-                            uint64_t tag) {
-  auto pieces = plan::split_into_pieces(range, chunk_size_);
-  int fd = io_->read_fd(file_index);
-  for (const auto& piece : pieces) {
-    backend().submit(io::ReadRequest{fd, range.begin + piece.offset, piece.length,
-                                     dest + piece.offset, tag, piece.required});
-  }
-  return pieces.size();
 }
 
 uint64_t Loader::checkpoint_digest() const {
@@ -417,8 +352,9 @@ void Loader::submit_group(size_t g) {
     return;
   }
   if (!reads_here(g)) return;  // another rank reads it; receive_group() brings the bytes
-  state.pending = submit_range(plan_.groups[g].file_index, state.range, state.dest, g);
-  if (state.pending == 0) state.done = true;
+  if (reads_->submit(plan_.groups[g].file_index, state.range, state.dest, g) == 0) {
+    state.done = true;
+  }
 }
 
 void Loader::pump() {
@@ -434,35 +370,34 @@ void Loader::fail_pass(Error error) {
   throw *pass_error_;
 }
 
-Error Loader::read_error(const io::ReadCompletion& completion,
-                         const format::IndexedTensor& t) const {
-  if (completion.error != 0) {
-    return Error(error_kind_for_errno(completion.error), file_of(t), t.name(),
-                 std::string("read failed: ") + std::strerror(completion.error));
+Error Loader::read_error(const loader::ReadFailure& failure, const format::IndexedTensor& t) const {
+  if (failure.error != 0) {
+    return Error(error_kind_for_errno(failure.error), file_of(t), t.name(),
+                 std::string("read failed: ") + std::strerror(failure.error));
   }
   return Error(ErrorKind::Io, file_of(t), t.name(), "file shrank during the load (short read)");
 }
 
-void Loader::handle_completion(const io::ReadCompletion& completion) {
-  stats_.read_seconds += completion.seconds;
-  stats_.bytes_read += completion.bytes;
-  stats_.read_requests += 1;
-  if (completion.tag & kRandomAccessTag) return;
-  GroupState& state = groups_[completion.tag];
-  state.pending -= 1;
-  if (completion.error != 0 || completion.truncated) {
-    fail_pass(read_error(completion, tensor_of_item(plan_.groups[completion.tag].first_item)));
-  }
-  if (state.pending == 0) state.done = true;
+void Loader::check_pass_reads() {
+  auto failed = reads_->first_failed_tag();
+  if (!failed || (*failed & kRandomAccessTag)) return;
+  fail_pass(
+      read_error(*reads_->failure(*failed), tensor_of_item(plan_.groups[*failed].first_item)));
 }
 
 void Loader::wait_for_group(size_t g) {
   auto start = Clock::now();
   while (!groups_[g].done) {
-    if (backend().in_flight() == 0) {
+    if (reads_->done(g)) {
+      groups_[g].done = true;
+      reads_->forget(g);
+      break;
+    }
+    if (reads_->in_flight() == 0) {
       throw Error(ErrorKind::Io, "", "", "internal: waiting for a read that was never submitted");
     }
-    handle_completion(backend().wait_completion());
+    reads_->wait_one();
+    check_pass_reads();
     pump();
   }
   stats_.wait_seconds += seconds_since(start);
@@ -501,10 +436,11 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
   }
   loader::CopyFence staging_free;
   at::Tensor on_device = stage_->transfer(host, &staging_free);
-  for (auto region = regions_.rbegin(); region != regions_.rend(); ++region) {
+  auto& regions = host_ring().regions();
+  for (auto region = regions.rbegin(); region != regions.rend(); ++region) {
     if (region->pass == pass_id_ && region->first_item <= item &&
         item < region->first_item + region->item_count) {
-      region->staging_free = staging_free;
+      region->readers_done = staging_free;
       break;
     }
   }
@@ -593,28 +529,14 @@ c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTen
   auto window = pool::allocate_host_window(range.span, range.prefix, ring_alignment_, "a tensor");
   auto* dest = static_cast<uint8_t*>(window.get()) - range.prefix;
   auto storage = make_storage(std::move(window), nbytes);
-  size_t remaining = submit_range(t.file_index, range, dest, kRandomAccessTag);
-  // Completions of iteration reads may arrive in between; they are booked as usual.
+  reads_->submit(t.file_index, range, dest, kRandomAccessTag);
+  // Reads of the iteration may complete in between; they are booked for next() as usual.
   auto start = Clock::now();
-  std::optional<Error> failure;
-  while (remaining > 0) {
-    io::ReadCompletion completion = backend().wait_completion();
-    if (!(completion.tag & kRandomAccessTag)) {
-      try {
-        handle_completion(completion);
-      } catch (const Error&) {
-        // The pass failed; its error is kept for next(). Our own reads still finish below.
-      }
-      continue;
-    }
-    handle_completion(completion);
-    remaining -= 1;
-    if (!failure && (completion.error != 0 || completion.truncated)) {
-      failure = read_error(completion, t);
-    }
-  }
+  while (!reads_->done(kRandomAccessTag)) reads_->wait_one();
   stats_.wait_seconds += seconds_since(start);
-  if (failure) throw *failure;
+  auto failure = reads_->failure(kRandomAccessTag);
+  reads_->forget(kRandomAccessTag);
+  if (failure) throw read_error(*failure, t);
   return storage;
 }
 
@@ -659,17 +581,12 @@ void Loader::close() {
   drain_in_flight();
   if (stage_) stage_->close();
   // Retained borrowed tensors must outlive the ring: copy them out now.
-  for (auto& region : regions_) {
-    region.staging_free.wait();
-    release_region_storages(region, true);
-  }
-  regions_.clear();
+  if (host_ring_) stats_.materializations += host_ring_->release_all();
   items_.clear();
   groups_.clear();
-  backend_.reset();  // joins the workers
+  reads_->stop();  // joins the workers
   io_->close();
-  ring_.reset();
-  ring_memory_.clear();
+  host_ring_.reset();
   if (options_.debug) {
     std::cerr << "[instanttensor] " << checkpoint_->files()[0].path << ": " << stats_.bytes_read
               << " bytes in " << stats_.read_requests << " reads, wait " << stats_.wait_seconds

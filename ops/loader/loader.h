@@ -3,7 +3,6 @@
 
 #include <c10/core/StorageImpl.h>
 
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -13,12 +12,12 @@
 #include "format/checkpoint.h"
 #include "instanttensor/instanttensor.h"
 #include "io/io_setup.h"
-#include "io/read_backend.h"
+#include "loader/borrow_ring.h"
 #include "loader/device_stage.h"
 #include "loader/options.h"
 #include "loader/rank_exchange.h"
+#include "loader/read_scheduler.h"
 #include "plan/read_plan.h"
-#include "pool/ring_allocator.h"
 
 namespace instanttensor {
 
@@ -49,7 +48,6 @@ class Loader {
   struct GroupState {
     plan::AlignedRange range;  // what is read: the group's bytes, widened for O_DIRECT
     uint8_t* dest = nullptr;   // where the range lands (owned block or ring)
-    size_t pending = 0;        // pieces in flight
     bool submitted = false;
     bool done = false;       // the group's bytes are in place (read here or received)
     bool exchanged = false;  // distributed: this group's exchange has run
@@ -58,15 +56,6 @@ class Loader {
     c10::intrusive_ptr<c10::StorageImpl> owned;  // copy=true: the tensor's own storage
     c10::StorageImpl* borrowed = nullptr;        // copy=false: held by its ring region
   };
-  // A placement in the borrow ring: the storages over it hold one loader reference each.
-  struct RingRegion {
-    uint64_t pass = 0;
-    size_t first_item = 0;
-    size_t item_count = 0;
-    uint64_t span = 0;  // ring bytes it occupies
-    std::vector<c10::intrusive_ptr<c10::StorageImpl>> storages;
-    loader::CopyFence staging_free;  // staged: after the device copy that read this region
-  };
 
   void ensure_open() const;
   void begin_pass();
@@ -74,11 +63,7 @@ class Loader {
   void pump();
   bool place_group(size_t group, bool force);
   bool reclaim_oldest_region(bool force);
-  void release_region_storages(RingRegion& region, bool count);
   void submit_group(size_t group);
-  // Submits the pieces of `range` of file `file_index`, landing at `dest`; returns their count.
-  size_t submit_range(size_t file_index, const plan::AlignedRange& range, uint8_t* dest,
-                      uint64_t tag);
   void wait_for_group(size_t group);
   bool reads_here(size_t group) const {
     return owner_.empty() || owner_[group] == exchange_->rank();
@@ -88,17 +73,17 @@ class Loader {
   // Places, submits and (when this rank reads it) waits for the group of `item`.
   void make_ready(size_t item);
   uint64_t checkpoint_digest() const;
-  void handle_completion(const io::ReadCompletion& completion);
+  // Fails the pass if a read of it failed (waiting for nothing).
+  void check_pass_reads();
   [[noreturn]] void fail_pass(Error error);
-  Error read_error(const io::ReadCompletion& completion, const format::IndexedTensor& t) const;
+  Error read_error(const loader::ReadFailure& failure, const format::IndexedTensor& t) const;
   std::pair<std::string, at::Tensor> hand_out(size_t item);
   const format::IndexedTensor& tensor_of_item(size_t item) const;
   const std::string& file_of(const format::IndexedTensor& t) const;
   at::Tensor to_target_device(at::Tensor tensor) const;
   // `tensor` itself when its data is aligned for its element type, else an aligned copy.
   at::Tensor aligned(at::Tensor tensor);
-  void ensure_ring();
-  io::ReadBackend& backend();
+  loader::BorrowRing& host_ring();
   const format::IndexedTensor& selected_tensor(const std::string& name) const;
   // Reads [offset, offset + nbytes) of tensor `t` into a fresh owned storage, synchronously.
   c10::intrusive_ptr<c10::StorageImpl> read_owned(const format::IndexedTensor& t, uint64_t offset,
@@ -121,7 +106,7 @@ class Loader {
   std::unique_ptr<io::IoSetup> io_;
   uint64_t io_alignment_ = 1;  // O_DIRECT alignment of reads (1: buffered)
   uint64_t ring_alignment_ = 64;
-  std::unique_ptr<io::ReadBackend> backend_;
+  std::unique_ptr<loader::ReadScheduler> reads_;
   bool closed_ = false;
 
   // Distributed: the exchange and the rank that reads each group (empty when single-process).
@@ -138,11 +123,9 @@ class Loader {
   size_t next_item_ = 0;      // next item to hand out
   uint64_t ahead_bytes_ = 0;  // copy=true: bytes allocated and not yet handed out
 
-  // copy=false: the borrow ring, allocated once on first use.
-  c10::DataPtr ring_memory_;
-  std::unique_ptr<pool::RingAllocator> ring_;
-  std::deque<RingRegion> regions_;
-  uint64_t ring_bytes_in_use_ = 0;
+  // copy=false (or staged): the host ring the reads land in, allocated on first use.
+  std::unique_ptr<loader::LoaderStreams> host_streams_;
+  std::unique_ptr<loader::BorrowRing> host_ring_;
 
   Stats stats_;
 };

@@ -1,0 +1,70 @@
+// Scheduling reads for one loader: submissions by tag, completions booked per tag, draining.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "instanttensor/instanttensor.h"
+#include "io/io_setup.h"
+#include "io/read_backend.h"
+#include "plan/read_plan.h"
+
+namespace instanttensor::loader {
+
+// Why a tag's reads failed: the errno of the first failed read, or a short read (the file
+// shrank). The loader turns it into an Error naming the file and the tensor.
+struct ReadFailure {
+  int error = 0;
+  bool truncated = false;
+};
+
+// Owns the read backend (started on the first submission, so opening a checkpoint only to list
+// its keys costs no threads). Every read carries a tag (a read group, a unit slice, a random
+// access); the scheduler counts the pieces in flight per tag and keeps the first failure of
+// each. Consumer thread only; the backend's workers only write into the memory of the requests.
+class ReadScheduler {
+ public:
+  // `io` outlives the scheduler; `stats` receives bytes, requests and read time.
+  ReadScheduler(io::IoSetup& io, int threads, int depth, uint64_t chunk_size, Stats& stats);
+  ~ReadScheduler();
+
+  // Submits `range` of file `file_index` in pieces of at most chunk_size, landing at `dest`
+  // (which must stay valid until the tag is done). Returns the number of pieces.
+  size_t submit(size_t file_index, const plan::AlignedRange& range, uint8_t* dest, uint64_t tag);
+  // Blocks for one completion and books it. Precondition: in_flight() > 0.
+  void wait_one();
+  // Every piece submitted under `tag` has completed (true for a tag never submitted).
+  bool done(uint64_t tag) const;
+  // The first failure among the completed pieces of `tag`, if any.
+  std::optional<ReadFailure> failure(uint64_t tag) const;
+  // The smallest tag with a failed read not yet forgotten, if any.
+  std::optional<uint64_t> first_failed_tag() const;
+  // Drops the bookkeeping of a done tag.
+  void forget(uint64_t tag);
+  // Waits for every read in flight (their memory may then be reused) and forgets every tag.
+  void drain() noexcept;
+  size_t in_flight() const { return backend_ ? backend_->in_flight() : 0; }
+  // Joins the workers. Call after drain().
+  void stop() { backend_.reset(); }
+
+ private:
+  struct TagState {
+    size_t pending = 0;
+    std::optional<ReadFailure> failure;
+  };
+  io::ReadBackend& backend();
+
+  io::IoSetup& io_;
+  int threads_;
+  int depth_;
+  uint64_t chunk_size_;
+  Stats& stats_;
+  std::unique_ptr<io::ReadBackend> backend_;
+  std::unordered_map<uint64_t, TagState> tags_;
+  std::set<uint64_t> failed_;
+};
+
+}  // namespace instanttensor::loader

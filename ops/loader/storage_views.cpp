@@ -1,0 +1,28 @@
+#include "loader/storage_views.h"
+
+#include <c10/core/TensorImpl.h>
+
+namespace instanttensor::loader {
+
+c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nbytes) {
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+                                               static_cast<int64_t>(nbytes), std::move(data),
+                                               /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,
+                       const std::vector<int64_t>& shape) {
+  auto keys =
+      c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, at::kStrided, storage->device()));
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)), keys,
+                                                         c10::scalarTypeToTypeMeta(dtype));
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return tensor;
+}
+
+at::Tensor byte_view(uint8_t* data, uint64_t nbytes, c10::Device device) {
+  return tensor_over(make_storage(c10::DataPtr(data, device), nbytes), at::kByte,
+                     {static_cast<int64_t>(nbytes)});
+}
+
+}  // namespace instanttensor::loader
