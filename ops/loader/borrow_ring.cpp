@@ -37,7 +37,7 @@ void BorrowRing::ensure_memory() {
       break;
     case Memory::Pinned:
       // Pinned, so host-to-device copies run on the copy engine without a driver bounce buffer.
-      block_ = pool::allocate_pinned(capacity_, alignment_);
+      block_ = pool::allocate_pinned(capacity_, alignment_, streams_.device().type());
       break;
     case Memory::Device: {
       c10::DeviceGuard guard(streams_.device());
@@ -68,6 +68,7 @@ c10::StorageImpl* BorrowRing::borrow(Region& region, uint8_t* data, uint64_t nby
 
 void BorrowRing::mark_released(Region& region) const {
   if (memory_ == Memory::Device) region.released = CopyFence::after(streams_.consumer());
+  region.release_marked = true;
 }
 
 void BorrowRing::materialize(c10::StorageImpl& storage) const {
@@ -96,6 +97,9 @@ void BorrowRing::materialize(c10::StorageImpl& storage) const {
 uint64_t BorrowRing::release_oldest() {
   Region& oldest = regions_.front();
   oldest.readers_done.wait();  // a device copy may still be reading these bytes
+  // Reclaimed before the consumer moved past it (forced, or an abandoned pass): everything the
+  // consumer has queued so far is the release point.
+  if (!oldest.release_marked) mark_released(oldest);
   oldest.released.block(streams_.loader());
   uint64_t copied = 0;
   for (auto& storage : oldest.storages) {
@@ -124,8 +128,11 @@ uint64_t BorrowRing::release_all() {
     // allocated on; copies out of it ran on the loader's stream.
     streams_.record_on_loader(block_);
   }
+  bool was_pinned = memory_ == Memory::Pinned && block_.get() != nullptr;
   block_.clear();
   allocator_.reset();
+  // The host allocator would keep the block cached for the life of the process.
+  if (was_pinned) pool::release_cached_pinned(streams_.device().type());
   return copied;
 }
 

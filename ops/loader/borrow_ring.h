@@ -33,6 +33,7 @@ class BorrowRing {
     CopyFence readers_done;
     // Device: the consumer's stream has passed its last use of the region's tensors.
     CopyFence released;
+    bool release_marked = false;
   };
 
   // `capacity` bytes on `streams.device()` (Host/Pinned: the CPU), allocated on first use and

@@ -1,62 +1,51 @@
-// The transfer stage: host staging bytes -> the target device, owned or borrowed, ordered with
-// events instead of host synchronization. Device-generic (c10 guards, streams, events), so the
-// CPU build of this file drives CUDA when a CUDA torch is loaded.
+// The transfer stage: host staging ring -> the target device, ordered with events instead of
+// host synchronization. Device-generic (c10 guards, streams, events), so the CPU build of this
+// file drives CUDA when a CUDA torch is loaded, and a CPU target (force_staging) runs the very
+// same code in tests.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <deque>
+#include <cstdint>
 #include <memory>
-#include <optional>
-#include <vector>
 
+#include "loader/borrow_ring.h"
 #include "loader/stream_fences.h"
-#include "pool/ring_allocator.h"
 
 namespace instanttensor::loader {
 
 class DeviceStage {
  public:
-  // `device`: the target. copy=false borrows from a device ring of `ring_bytes` (allocated on
-  // first use). Consumer thread only, like the Loader that owns it.
-  DeviceStage(c10::Device device, bool copy, uint64_t ring_bytes);
+  // `device`: the target, with a concrete index. Reads land in a staging ring of
+  // `staging_bytes` (pinned for accelerators, aligned to `staging_alignment` for O_DIRECT) and
+  // stream through it in slices into device memory: a device ring of `device_ring_bytes`
+  // (borrowed tensors and the exchange; 0: none) or owned device allocations. Nothing is
+  // allocated before first use. Consumer thread only, like the Loader that owns it.
+  DeviceStage(c10::Device device, uint64_t staging_bytes, uint64_t staging_alignment,
+              uint64_t device_ring_bytes);
   ~DeviceStage();
 
-  // Copies `staged` (a host view into the staging ring) to the device on the loader's stream
-  // and makes the consumer's current stream wait for it. copy=false: the tensor is a view of
-  // the device ring; a region is reused only after the consumer's stream passed the point where
-  // the consumer asked for a later tensor (an event, never a host sync), and a tensor still
-  // referenced then is first copied to fresh device memory (safe borrowing). Returns the tensor to
-  // hand out and, in `staging_free`, the fence after which the staging bytes may be overwritten.
-  at::Tensor transfer(const at::Tensor& staged, CopyFence* staging_free);
+  const LoaderStreams& streams() const { return streams_; }
+  BorrowRing& staging() { return staging_; }
+  BorrowRing& device_ring() { return device_ring_; }
 
-  // Copies out every borrowed device tensor still referenced (they must outlive the ring) and
-  // frees the ring. Idempotent.
-  void close();
+  // Fresh device memory of `nbytes` for an owned tensor, allocated while the consumer's stream
+  // is current (the caching allocator ties the block to the stream that will use it).
+  c10::DataPtr allocate_owned(uint64_t nbytes) const;
+  // Queues a copy of `nbytes` from `from` (host, in the staging ring) to `to` (device) on the
+  // loader's stream. Returns the fence after it: the staging bytes are free, `to` is filled.
+  CopyFence copy_to_device(const uint8_t* from, uint8_t* to, uint64_t nbytes) const;
+  // An owned copy of `nbytes` at device address `from`, queued on the consumer's stream.
+  c10::DataPtr copy_on_device(const uint8_t* from, uint64_t nbytes) const;
 
-  uint64_t materializations() const { return materializations_; }
-  uint64_t ring_bytes_in_use_peak() const { return peak_; }
+  // Copies out borrowed device tensors still referenced (they must outlive the ring), waits
+  // for the copies reading staging memory even if that fails, and frees both rings. Idempotent.
+  uint64_t close();
 
  private:
-  struct Region {
-    c10::intrusive_ptr<c10::StorageImpl> storage;  // one loader reference
-    bool live = true;                              // handed out last: not reclaimable yet
-    uint64_t size = 0;
-  };
-  c10::Stream consumer_stream() const;
-  void reclaim_oldest(bool force);
-  void materialize(Region& region);
-
-  c10::Device device_;
-  bool copy_;
-  uint64_t ring_bytes_;
-  c10::Stream loader_stream_;
-  at::Tensor ring_;  // device bytes (copy=false)
-  std::unique_ptr<pool::RingAllocator> allocator_;
-  std::deque<Region> regions_;
-  uint64_t in_use_ = 0;
-  uint64_t peak_ = 0;
-  uint64_t materializations_ = 0;
+  LoaderStreams streams_;
+  BorrowRing staging_;
+  BorrowRing device_ring_;
 };
 
 }  // namespace instanttensor::loader

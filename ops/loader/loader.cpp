@@ -1,7 +1,9 @@
 #include "loader/loader.h"
 
-#include <c10/core/CPUAllocator.h>
-#include <c10/core/TensorImpl.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +16,7 @@
 
 namespace instanttensor {
 
+using loader::BorrowRing;
 using loader::make_storage;
 using loader::tensor_over;
 
@@ -24,19 +27,38 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Read tags: a read group's index, a share's sequence number, or a random access.
+constexpr uint64_t kShareTag = 1ull << 62;
 constexpr uint64_t kRandomAccessTag = 1ull << 63;
 constexpr uint64_t kRingAlignment = 64;
+constexpr uint64_t kDeviceAlignment = 256;  // what device allocators hand out
 constexpr uint64_t kDefaultChunk = 8ull << 20;
 constexpr uint64_t kDefaultReadAhead = 256ull << 20;
+// The staging ring: a few chunks, a power of two (the pinned allocator rounds up to one).
 constexpr uint64_t kDefaultStaging = 64ull << 20;
+constexpr uint64_t kMinStaging = 32ull << 10;
+// O_DIRECT widening assumed when every rank must size alike (alignments differ per filesystem).
+constexpr uint64_t kMaxDirectAlignment = 4096;
 constexpr int kDefaultConcurrency = 4;
 constexpr int kDefaultIoDepth = 32;
+
+uint64_t round_up(uint64_t value, uint64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// Accelerators: "cuda" means the current device, resolved now, so the loader's stream and every
+// tensor handed out carry a concrete index.
+c10::Device with_index(c10::Device device) {
+  if (device.is_cpu() || device.has_index()) return device;
+  return c10::impl::getDeviceGuardImpl(device.type())->getDevice();
+}
 
 }  // namespace
 
 Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   auto start = Clock::now();
   options_ = loader::resolve_options(options);
+  options_.device = with_index(options_.device);
   checkpoint_ = std::make_unique<format::Checkpoint>(std::move(files));
 
   std::vector<size_t> selected;
@@ -54,73 +76,14 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   io_ = std::make_unique<io::IoSetup>(options_.backends, files_to_read);
   io_alignment_ = io_->alignment();
   ring_alignment_ = std::max<uint64_t>(kRingAlignment, io_alignment_);
-  chunk_size_ = options_.chunk_size ? options_.chunk_size : kDefaultChunk;
-  chunk_size_ = (chunk_size_ + io_alignment_ - 1) / io_alignment_ * io_alignment_;
-
-  // Size the pool before planning: borrowed groups must stay well inside the ring.
-  uint64_t largest = 0, total = 0;
-  std::string largest_name;
-  for (size_t index : selected) {
-    const auto& t = checkpoint_->tensors()[index];
-    total += t.nbytes;
-    if (t.nbytes > largest) largest = t.nbytes, largest_name = t.name();
-  }
-  // A tensor's region: its bytes, widened to whole O_DIRECT blocks, plus placement slack.
-  const uint64_t widening = io_->direct() ? 2 * io_alignment_ : 0;
-  const uint64_t slot = largest + ring_alignment_ + widening;
-  const uint64_t whole = total + (ring_alignment_ + widening) * selected.size() + slot;
-  auto refuse = [&](const char* option, uint64_t have, uint64_t need) {
-    const auto& t = checkpoint_->tensors()[checkpoint_->index_of(largest_name)];
-    throw Error(ErrorKind::Argument, file_of(t), largest_name,
-                "tensor of " + std::to_string(largest) + " bytes does not fit " + option + "=" +
-                    std::to_string(have) + " bytes (needs at least " + std::to_string(need) + ")");
-  };
-  if (options_.copy) {
-    buffer_size_ = options_.buffer_size ? options_.buffer_size
-                                        : std::max<uint64_t>(std::min(total, kDefaultReadAhead), 1);
-  } else {
-    // Two of the largest (the live one and the next) plus read-ahead, but never more than the
-    // whole selection needs: a small checkpoint gets a small buffer.
-    buffer_size_ =
-        options_.buffer_size ? options_.buffer_size : std::min(2 * slot + kDefaultReadAhead, whole);
-    if (slot > buffer_size_) refuse("a borrow buffer of buffer_size", buffer_size_, slot);
-  }
+  chunk_size_ = round_up(options_.chunk_size ? options_.chunk_size : kDefaultChunk,
+                         std::max<uint64_t>(io_alignment_, kRingAlignment));
   staged_ = options.force_staging || !options_.device.is_cpu();
-  host_borrow_ = !options_.copy || staged_;
-  if (staged_) {
-    // Reads land in a small host staging ring (pinned for accelerators) and are copied on.
-    host_ring_bytes_ = options.staging_size ? static_cast<uint64_t>(*options.staging_size)
-                                            : std::min(slot + kDefaultStaging, whole);
-    if (slot > host_ring_bytes_) refuse("a staging buffer of staging_size", host_ring_bytes_, slot);
-    if (options.device_budget) {
-      uint64_t budget = static_cast<uint64_t>(*options.device_budget);
-      if (!options_.copy && buffer_size_ > budget) {
-        throw Error(ErrorKind::Argument, checkpoint_->files()[0].path, "",
-                    "buffer_size=" + std::to_string(buffer_size_) +
-                        " bytes exceeds the device memory budget of " + std::to_string(budget) +
-                        " bytes (max_free_mem_usage x free device memory)");
-      }
-      if (largest > budget && !options.host_fallback) {
-        refuse("the device memory budget", budget, largest);
-      }
-      device_budget_ = budget;
-    }
-    host_fallback_ = options.host_fallback;
-    stage_ = std::make_unique<loader::DeviceStage>(options_.device, options_.copy, buffer_size_);
-  } else {
-    host_ring_bytes_ = buffer_size_;
-  }
-  uint64_t max_group = host_borrow_ ? std::min(chunk_size_, host_ring_bytes_ / 4) : 0;
-  plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), max_group);
+  host_fallback_ = staged_ && options.host_fallback;
+  if (staged_ && options.device_budget) device_budget_ = *options.device_budget;
+  open_exchange(selected, options);
+  size_and_plan(std::move(selected), options);
 
-  if (options.process_group && options.process_group->getSize() > 1) {
-    exchange_ = std::make_unique<loader::RankExchange>(options.process_group);
-    std::vector<uint64_t> group_bytes;
-    for (const auto& group : plan_.groups) group_bytes.push_back(group.length);
-    owner_ = loader::assign_owners(group_bytes, exchange_->world());
-    // Before any data moves: every rank must be loading the same thing.
-    exchange_->handshake(checkpoint_digest(), checkpoint_->files()[0].path);
-  }
   int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
   int depth = options_.io_depth ? options_.io_depth : kDefaultIoDepth;
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, chunk_size_, stats_);
@@ -129,12 +92,129 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   stats_.open_seconds = seconds_since(start);
 }
 
+void Loader::open_exchange(const std::vector<size_t>& selected, const OpenOptions& options) {
+  const auto& group = options.process_group;
+  if (!group || group->getSize() <= 1) return;
+  std::vector<c10::DeviceType> types;
+  for (const auto& device : group->getDeviceTypes()) types.push_back(device.type());
+  place_ = loader::choose_exchange_place(types, options_.device.type(), staged_);
+  if (place_ == loader::ExchangePlace::Local) {
+    TORCH_WARN_ONCE("instanttensor: the process group has no backend for ", options_.device.type(),
+                    " tensors (its backends: ", loader::describe_backends(*group),
+                    "); every rank reads the whole checkpoint itself");
+    return;
+  }
+  c10::Device where =
+      place_ == loader::ExchangePlace::Host ? c10::Device(c10::DeviceType::CPU) : options_.device;
+  exchange_ = std::make_unique<loader::RankExchange>(group, where);
+  layout_ = loader::UnitLayout(chunk_size_, exchange_->world());
+  // Before any data moves: every rank must load the same thing the same way.
+  device_budget_ = exchange_->handshake(layout_digest(selected, options), device_budget_,
+                                        checkpoint_->files()[0].path);
+}
+
+void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& options) {
+  // Tensors bound for the device, and the largest of each kind.
+  const auto& tensors = checkpoint_->tensors();
+  auto falls_back = [&](uint64_t nbytes) { return host_fallback_ && nbytes > device_budget_; };
+  uint64_t largest = 0, total = 0, largest_device = 0, total_device = 0;
+  size_t largest_index = 0, largest_device_index = 0;
+  for (size_t index : selected) {
+    uint64_t nbytes = tensors[index].nbytes;
+    total += nbytes;
+    if (nbytes >= largest) largest = nbytes, largest_index = index;
+    if (!falls_back(nbytes)) {
+      total_device += nbytes;
+      if (nbytes >= largest_device) largest_device = nbytes, largest_device_index = index;
+    }
+  }
+  auto refuse = [&](size_t index, const std::string& what, uint64_t have, uint64_t need) {
+    const auto& t = tensors[index];
+    throw Error(ErrorKind::Argument, file_of(t), t.name(),
+                "tensor of " + std::to_string(t.nbytes) + " bytes does not fit " + what + "=" +
+                    std::to_string(have) + " bytes (needs at least " + std::to_string(need) + ")");
+  };
+  const bool exchanging = exchange_ != nullptr;
+  const uint64_t padding = exchanging ? layout_.padding() : 0;
+  const uint64_t widening =
+      exchanging ? 2 * kMaxDirectAlignment : (io_->direct() ? 2 * io_alignment_ : 0);
+  const uint64_t count = selected.size();
+  const uint64_t explicit_buffer = options_.buffer_size;
+  uint64_t max_group = 0;
+
+  if (!staged_) {
+    if (options_.copy && !exchanging) {
+      buffer_size_ = explicit_buffer ? explicit_buffer
+                                     : std::max<uint64_t>(std::min(total, kDefaultReadAhead), 1);
+    } else {
+      // A region per group in the host ring: two of the largest (the live one and the next)
+      // plus read-ahead, but never more than the whole selection needs.
+      const uint64_t slot = largest + ring_alignment_ + widening + padding;
+      const uint64_t whole = total + (ring_alignment_ + widening + padding) * count + slot;
+      buffer_size_ =
+          explicit_buffer ? explicit_buffer : std::min(2 * slot + kDefaultReadAhead, whole);
+      if (slot > buffer_size_) {
+        refuse(largest_index, "a borrow buffer of buffer_size", buffer_size_, slot);
+      }
+      host_ring_bytes_ = buffer_size_;
+      max_group = std::min(exchanging ? layout_.unit_bytes : chunk_size_, host_ring_bytes_ / 4);
+    }
+  } else {
+    if (!host_fallback_ && largest > device_budget_) {
+      refuse(largest_index, "the device memory budget", device_budget_, largest);
+    }
+    // Staging: a few chunks, whatever the checkpoint; large tensors stream through in slices.
+    staging_bytes_ =
+        options.staging_size ? static_cast<uint64_t>(*options.staging_size) : kDefaultStaging;
+    if (staging_bytes_ < kMinStaging) {
+      throw Error(ErrorKind::Argument, checkpoint_->files()[0].path, "",
+                  "staging_size=" + std::to_string(staging_bytes_) + " bytes is below the " +
+                      std::to_string(kMinStaging) + " bytes a staging ring needs");
+    }
+    // A share of a unit, widened for O_DIRECT, takes at most half the staging ring.
+    uint64_t stream_chunk = std::min(chunk_size_, (staging_bytes_ / 2 - 2 * kMaxDirectAlignment));
+    stream_chunk =
+        std::max<uint64_t>(stream_chunk / kRingAlignment * kRingAlignment, kRingAlignment);
+    layout_ = loader::UnitLayout(stream_chunk, exchanging ? exchange_->world() : 1);
+    if (!options_.copy || exchanging) {
+      const uint64_t slot = largest_device + kDeviceAlignment + padding;
+      const uint64_t whole = total_device + (kDeviceAlignment + padding) * count + slot;
+      if (explicit_buffer > device_budget_) {
+        throw Error(ErrorKind::Argument, checkpoint_->files()[0].path, "",
+                    "buffer_size=" + std::to_string(explicit_buffer) +
+                        " bytes exceeds the device memory budget of " +
+                        std::to_string(device_budget_) +
+                        " bytes (max_free_mem_usage x free device memory)");
+      }
+      buffer_size_ = explicit_buffer
+                         ? explicit_buffer
+                         : std::min({2 * slot + kDefaultReadAhead, whole, device_budget_});
+      if (slot > buffer_size_) {
+        refuse(largest_device_index, "a device buffer of buffer_size", buffer_size_, slot);
+      }
+      device_ring_bytes_ = buffer_size_;
+      max_group = std::min(layout_.unit_bytes, device_ring_bytes_ / 4);
+    } else {
+      // Owned device tensors: buffer_size bounds the device bytes allocated ahead of the
+      // consumer.
+      buffer_size_ = explicit_buffer ? explicit_buffer
+                                     : std::max<uint64_t>(std::min(total, kDefaultReadAhead), 1);
+      buffer_size_ = std::min(buffer_size_, device_budget_);
+    }
+    stage_ = std::make_unique<loader::DeviceStage>(options_.device, staging_bytes_, ring_alignment_,
+                                                   device_ring_bytes_);
+  }
+  // A tensor that falls back to the host is larger than the budget, so larger than max_group
+  // (at most a quarter of a ring within the budget): it always forms a group of its own.
+  plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), max_group);
+}
+
 Loader::~Loader() {
   try {
     close();
   } catch (...) {
-    // close() only throws for torch allocation failures while copying out retained tensors;
-    // a destructor has no one to report to.
+    // close() only throws for allocation failures while copying out retained tensors; a
+    // destructor has no one to report to.
   }
 }
 
@@ -147,6 +227,10 @@ void Loader::ensure_open() const {
 
 const format::IndexedTensor& Loader::tensor_of_item(size_t item) const {
   return checkpoint_->tensors()[plan_.items[item]];
+}
+
+const format::IndexedTensor& Loader::first_tensor(size_t group) const {
+  return tensor_of_item(plan_.groups[group].first_item);
 }
 
 const std::string& Loader::file_of(const format::IndexedTensor& t) const {
@@ -181,38 +265,70 @@ TensorMetadata Loader::get_tensor_metadata(const std::string& name) const {
 
 Stats Loader::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  Stats out = stats_;
-  if (stage_) out.materializations += stage_->materializations();
-  return out;
+  return stats_;
 }
 
-loader::BorrowRing& Loader::host_ring() {
+BorrowRing& Loader::host_ring() {
   if (!host_ring_) {
     host_streams_ = std::make_unique<loader::LoaderStreams>(c10::Device(c10::DeviceType::CPU));
-    bool pinned = staged_ && !options_.device.is_cpu();
-    host_ring_ = std::make_unique<loader::BorrowRing>(
-        *host_streams_,
-        pinned ? loader::BorrowRing::Memory::Pinned : loader::BorrowRing::Memory::Host,
-        host_ring_bytes_, ring_alignment_, "the borrow buffer");
+    host_ring_ =
+        std::make_unique<BorrowRing>(*host_streams_, BorrowRing::Memory::Host, host_ring_bytes_,
+                                     ring_alignment_, "the borrow buffer");
   }
   return *host_ring_;
+}
+
+uint64_t Loader::layout_digest(const std::vector<size_t>& selected,
+                               const OpenOptions& options) const {
+  // FNV-1a over what must agree across ranks: files, headers, selection, and the options that
+  // shape the plan, the units and the rings.
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t size) {
+    for (size_t i = 0; i < size; ++i) {
+      hash = (hash ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+    }
+  };
+  auto mix_value = [&](uint64_t value) { mix(&value, sizeof(value)); };
+  for (const auto& file : checkpoint_->files()) {
+    mix_value(file.size);
+    mix_value(file.header.header_length);
+  }
+  for (size_t index : selected) {
+    const auto& t = checkpoint_->tensors()[index];
+    mix(t.name().data(), t.name().size());
+    mix_value(t.file_offset);
+    mix_value(t.nbytes);
+  }
+  mix_value(options_.copy);
+  mix_value(options_.buffer_size);
+  mix_value(chunk_size_);
+  mix_value(options.staging_size.value_or(0));
+  mix_value(host_fallback_);
+  mix_value(staged_);
+  mix_value(static_cast<uint64_t>(options_.device.type()));
+  return hash;
 }
 
 void Loader::drain_in_flight() noexcept {
   // Reads of an abandoned pass still target its memory: finish them before anything is reused.
   reads_->drain();
+  staged_shares_.clear();
+  shares_in_staging_ = 0;
 }
 
 void Loader::begin_pass() {
   drain_in_flight();
+  if (exchange_) exchange_->wait_gathers();
   ++pass_id_;
   pass_started_ = true;
   pass_error_.reset();
+  deferred_failure_.reset();
   groups_.assign(plan_.groups.size(), GroupState{});
   items_.assign(plan_.items.size(), ItemState{});
   next_group_ = 0;
   next_item_ = 0;
   ahead_bytes_ = 0;
+  staging_group_ = 0;
   try {
     checkpoint_->check_unchanged();
   } catch (const Error& e) {
@@ -226,7 +342,7 @@ void Loader::restart() {
   ensure_open();
   if (exchange_) {
     // Distributed: the pass begins inside the first next(), where a failure (a changed file)
-    // travels with the first exchange instead of raising on this rank alone.
+    // travels with the first status round instead of raising on this rank alone.
     drain_in_flight();
     pass_started_ = false;
     pass_error_.reset();
@@ -235,8 +351,8 @@ void Loader::restart() {
   begin_pass();
 }
 
-bool Loader::reclaim_oldest_region(bool force) {
-  auto& regions = host_ring().regions();
+bool Loader::reclaim_oldest_region(BorrowRing& ring, bool force) {
+  auto& regions = ring.regions();
   if (regions.empty()) return false;
   const auto& oldest = regions.front();
   if (oldest.pass == pass_id_) {
@@ -248,112 +364,158 @@ bool Loader::reclaim_oldest_region(bool force) {
     if (live_or_pending && !force) return false;
   }
   auto start = Clock::now();
-  stats_.materializations += host_ring().release_oldest();
+  stats_.materializations += ring.release_oldest();
   stats_.copy_seconds += seconds_since(start);
   return true;
+}
+
+Loader::Destination Loader::destination_of(size_t g) const {
+  bool ring = !options_.copy || exchanging();
+  if (!staged_) return ring ? Destination::HostRing : Destination::HostOwned;
+  if (host_fallback_ && first_tensor(g).nbytes > device_budget_) return Destination::HostOwned;
+  return ring ? Destination::DeviceRing : Destination::DeviceOwned;
+}
+
+bool Loader::uses_shares(const GroupState& state) const {
+  return state.where == Destination::DeviceRing || state.where == Destination::DeviceOwned ||
+         (state.where == Destination::HostRing && exchanging());
+}
+
+void Loader::borrow_items(size_t g, BorrowRing& ring, BorrowRing::Region& region) {
+  const plan::ReadGroup& group = plan_.groups[g];
+  region.pass = pass_id_;
+  region.first_item = group.first_item;
+  region.item_count = group.item_count;
+  uint64_t offset = 0;
+  for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
+    uint64_t nbytes = tensor_of_item(item).nbytes;
+    items_[item].borrowed = ring.borrow(region, groups_[g].dest + offset, nbytes);
+    offset += nbytes;
+  }
 }
 
 bool Loader::place_group(size_t g, bool force) {
   const plan::ReadGroup& group = plan_.groups[g];
   GroupState& state = groups_[g];
+  state.where = destination_of(g);
   state.range = plan::align_range(group.file_offset, group.length, io_alignment_);
-  if (!host_borrow_) {
-    if (ahead_bytes_ > 0 && ahead_bytes_ + group.length > buffer_size_ && !force) return false;
-    for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
-      uint64_t nbytes = tensor_of_item(item).nbytes;
-      if (nbytes == 0) {
-        items_[item].owned = make_storage(pool::allocate_host(0, false, "a tensor"), 0);
-        continue;
-      }
-      // Copy groups hold one non-empty tensor: the read lands in the tensor's own storage (one
-      // pass over the bytes); O_DIRECT's widening lives in the same block, outside the tensor.
-      auto window = pool::allocate_host_window(state.range.span, state.range.prefix,
-                                               ring_alignment_, "a tensor");
-      state.dest = static_cast<uint8_t*>(window.get()) - state.range.prefix;
-      items_[item].owned = make_storage(std::move(window), nbytes);
-    }
-    ahead_bytes_ += group.length;
-    stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ahead_bytes_);
+  if (group.length == 0) {  // only empty tensors: nothing to place or read, on any rank
+    state.placed = state.landed = true;
     return true;
   }
-  if (group.length == 0) return true;  // only empty tensors: nothing to place
-  auto& ring = host_ring();
-  // Buffered: keep each tensor's alignment relative to the data buffer. O_DIRECT: the region
-  // starts on a block, so data sits at its file offset modulo the block size.
-  const auto& first = tensor_of_item(group.first_item);
-  uint64_t phase =
-      io_alignment_ > 1
-          ? 0
-          : first.file_offset - checkpoint_->files()[first.file_index].header.data_start();
-  loader::BorrowRing::Region* region;
-  while (!(region = ring.place(state.range.span, phase))) {
-    if (!reclaim_oldest_region(force)) return false;
+  if (state.where == Destination::HostOwned || state.where == Destination::DeviceOwned) {
+    if (ahead_bytes_ > 0 && ahead_bytes_ + group.length > buffer_size_ && !force) return false;
+    // Owned groups hold one tensor: its bytes land in the tensor's own storage (one pass); on
+    // the host, O_DIRECT's widening lives in the same block, outside the tensor.
+    c10::DataPtr memory = state.where == Destination::HostOwned
+                              ? pool::allocate_host_window(state.range.span, state.range.prefix,
+                                                           ring_alignment_, "a tensor")
+                              : stage_->allocate_owned(group.length);
+    state.dest = static_cast<uint8_t*>(memory.get());
+    items_[group.first_item].owned = make_storage(std::move(memory), group.length);
+    ahead_bytes_ += group.length;
+    stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ahead_bytes_);
+    state.placed = true;
+    return true;
   }
-  state.dest = region->data;
-  region->pass = pass_id_;
-  region->first_item = group.first_item;
-  region->item_count = group.item_count;
-  uint64_t offset = state.range.prefix;
-  for (size_t item = group.first_item; item < group.first_item + group.item_count; ++item) {
-    uint64_t nbytes = tensor_of_item(item).nbytes;
-    items_[item].borrowed = ring.borrow(*region, state.dest + offset, nbytes);
-    offset += nbytes;
+  const bool on_device = state.where == Destination::DeviceRing;
+  BorrowRing& ring = on_device ? stage_->device_ring() : host_ring();
+  const auto& first = first_tensor(g);
+  const uint64_t data_offset =
+      first.file_offset - checkpoint_->files()[first.file_index].header.data_start();
+  // Keep each tensor's alignment relative to the data buffer; an O_DIRECT host region starts
+  // on a block instead, so data sits at its file offset modulo the block size. The exchange
+  // writes up to padding() bytes past the group (equal slices).
+  const uint64_t padding = exchanging() ? layout_.padding() : 0;
+  const uint64_t span = on_device ? group.length + padding : state.range.span + padding;
+  const uint64_t phase = on_device ? data_offset : (io_alignment_ > 1 ? 0 : data_offset);
+  BorrowRing::Region* region;
+  while (!(region = ring.place(span, phase))) {
+    if (!reclaim_oldest_region(ring, force)) return false;
   }
+  state.dest = region->data + (on_device ? 0 : state.range.prefix);
+  borrow_items(g, ring, *region);
   stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, ring.bytes_in_use());
+  state.placed = true;
   return true;
-}
-
-uint64_t Loader::checkpoint_digest() const {
-  // FNV-1a over what must agree across ranks: file sizes and headers, the selection.
-  uint64_t hash = 1469598103934665603ull;
-  auto mix = [&](const void* data, size_t size) {
-    for (size_t i = 0; i < size; ++i) {
-      hash = (hash ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
-    }
-  };
-  for (const auto& file : checkpoint_->files()) {
-    mix(&file.size, sizeof(file.size));
-    mix(&file.header.header_length, sizeof(file.header.header_length));
-  }
-  for (size_t index : plan_.items) {
-    const auto& t = checkpoint_->tensors()[index];
-    mix(t.name().data(), t.name().size());
-    mix(&t.file_offset, sizeof(t.file_offset));
-    mix(&t.nbytes, sizeof(t.nbytes));
-  }
-  return hash;
-}
-
-void Loader::receive_group(size_t g, std::optional<Error> failure) {
-  GroupState& state = groups_[g];
-  if (state.exchanged) {
-    if (failure) throw *failure;
-    return;
-  }
-  const plan::ReadGroup& group = plan_.groups[g];
-  try {
-    uint8_t* data = state.dest ? state.dest + state.range.prefix : nullptr;
-    exchange_->exchange(owner_[g], data, failure ? 0 : group.length, failure);
-  } catch (const Error& e) {
-    drain_in_flight();
-    pass_error_.emplace(e);
-    throw;
-  }
-  state.exchanged = true;
-  if (!reads_here(g)) stats_.bytes_received += group.length;
-  state.done = true;
 }
 
 void Loader::submit_group(size_t g) {
   GroupState& state = groups_[g];
-  state.submitted = true;
-  if (plan_.groups[g].length == 0) {  // nothing to read or send, on any rank
-    state.done = true;
-    return;
+  if (state.landed || uses_shares(state)) return;  // shares go through submit_shares()
+  // The whole group, read by this rank (single-process, local fallback, host-fallback tensor).
+  if (reads_->submit(plan_.groups[g].file_index, state.range, state.dest - state.range.prefix, g) ==
+      0) {
+    state.landed = true;
   }
-  if (!reads_here(g)) return;  // another rank reads it; receive_group() brings the bytes
-  if (reads_->submit(plan_.groups[g].file_index, state.range, state.dest, g) == 0) {
-    state.done = true;
+}
+
+bool Loader::submit_shares(size_t g) {
+  GroupState& state = groups_[g];
+  if (state.landed || !uses_shares(state)) return true;
+  const plan::ReadGroup& group = plan_.groups[g];
+  const int rank = exchange_ ? exchange_->rank() : 0;
+  const size_t units = unit_count(g);
+  while (state.units_submitted < units) {
+    auto unit = layout_.unit(group.length, state.units_submitted);
+    StagedShare share;
+    share.group = g;
+    share.group_offset = unit.share_begin(rank);
+    share.nbytes = unit.share_end(rank) - share.group_offset;
+    if (share.nbytes > 0) {
+      auto range =
+          plan::align_range(group.file_offset + share.group_offset, share.nbytes, io_alignment_);
+      share.tag = kShareTag | share_sequence_++;
+      uint8_t* read_at;
+      if (state.where == Destination::HostRing) {
+        // The host exchange: straight into its place (O_DIRECT widening stays inside the
+        // group's aligned span, and only ever writes the file's own bytes there).
+        read_at = state.dest + share.group_offset - range.prefix;
+      } else {
+        BorrowRing& staging = stage_->staging();
+        BorrowRing::Region* region;
+        while (!(region = staging.place(range.span, 0))) {
+          // Only staging space whose bytes were already copied to the device can be reused.
+          if (staging.regions().size() <= shares_in_staging_) return false;
+          staging.release_oldest();
+        }
+        read_at = region->data;
+        share.staged = region->data + range.prefix;
+        share.in_staging_ring = true;
+        shares_in_staging_ += 1;
+      }
+      reads_->submit(group.file_index, range, read_at, share.tag);
+    }
+    staged_shares_.push_back(share);
+    state.units_submitted += 1;
+  }
+  return true;
+}
+
+void Loader::land_shares() {
+  while (!staged_shares_.empty()) {
+    StagedShare& share = staged_shares_.front();
+    GroupState& state = groups_[share.group];
+    if (share.nbytes > 0) {
+      if (!reads_->done(share.tag)) return;
+      auto failure = reads_->failure(share.tag);
+      reads_->forget(share.tag);
+      if (failure) fail_pass(read_error(*failure, first_tensor(share.group)));
+    }
+    if (share.in_staging_ring) {
+      auto start = Clock::now();
+      loader::CopyFence copied =
+          stage_->copy_to_device(share.staged, state.dest + share.group_offset, share.nbytes);
+      stats_.copy_seconds += seconds_since(start);
+      // The oldest staging region not yet copied is this share's (both are in order).
+      auto& regions = stage_->staging().regions();
+      regions[regions.size() - shares_in_staging_].readers_done = copied;
+      shares_in_staging_ -= 1;
+      state.landed_fence = copied;
+    }
+    state.units_landed += 1;
+    if (state.units_landed == unit_count(share.group)) state.landed = true;
+    staged_shares_.pop_front();
   }
 }
 
@@ -362,6 +524,7 @@ void Loader::pump() {
     if (!place_group(next_group_, /*force=*/false)) break;
     submit_group(next_group_++);
   }
+  while (staging_group_ < next_group_ && submit_shares(staging_group_)) ++staging_group_;
 }
 
 void Loader::fail_pass(Error error) {
@@ -381,26 +544,115 @@ Error Loader::read_error(const loader::ReadFailure& failure, const format::Index
 void Loader::check_pass_reads() {
   auto failed = reads_->first_failed_tag();
   if (!failed || (*failed & kRandomAccessTag)) return;
-  fail_pass(
-      read_error(*reads_->failure(*failed), tensor_of_item(plan_.groups[*failed].first_item)));
+  size_t group = *failed;
+  if (*failed & kShareTag) {
+    for (const auto& share : staged_shares_) {
+      if (share.tag == *failed) group = share.group;
+    }
+  }
+  fail_pass(read_error(*reads_->failure(*failed), first_tensor(group)));
 }
 
-void Loader::wait_for_group(size_t g) {
+void Loader::wait_until_landed(size_t g, size_t units) {
   auto start = Clock::now();
-  while (!groups_[g].done) {
-    if (reads_->done(g)) {
-      groups_[g].done = true;
+  GroupState& state = groups_[g];
+  auto enough = [&] { return state.landed || (units != SIZE_MAX && state.units_landed >= units); };
+  while (true) {
+    land_shares();
+    if (!state.landed && !uses_shares(state) && reads_->done(g)) {
+      auto failure = reads_->failure(g);
       reads_->forget(g);
-      break;
+      if (failure) fail_pass(read_error(*failure, first_tensor(g)));
+      state.landed = true;
     }
+    if (enough()) break;
+    pump();  // staging space freed by copies lets more shares in
+    land_shares();
+    if (enough()) break;
     if (reads_->in_flight() == 0) {
-      throw Error(ErrorKind::Io, "", "", "internal: waiting for a read that was never submitted");
+      throw Error(ErrorKind::Io, file_of(first_tensor(g)), first_tensor(g).name(),
+                  "internal: waiting for a read that was never submitted");
     }
     reads_->wait_one();
     check_pass_reads();
-    pump();
   }
   stats_.wait_seconds += seconds_since(start);
+}
+
+void Loader::make_ready(size_t item, bool wait) {
+  size_t g = plan_.group_of[item];
+  pump();
+  if (!groups_[g].placed) {
+    // Nothing is ahead and the ring only holds handed-out tensors: make room even if that means
+    // copying out the live one.
+    if (!place_group(g, /*force=*/true)) {
+      throw Error(ErrorKind::Io, file_of(tensor_of_item(item)), tensor_of_item(item).name(),
+                  "internal: no room in the borrow buffer");
+    }
+    submit_group(next_group_++);
+    pump();
+  }
+  if (wait) wait_until_landed(g);
+}
+
+void Loader::exchange_group(size_t g, std::optional<Error> failure) {
+  GroupState& state = groups_[g];
+  const plan::ReadGroup& group = plan_.groups[g];
+  const std::string& file = file_of(first_tensor(g));
+  if (!failure && deferred_failure_) failure = std::move(deferred_failure_);
+  deferred_failure_.reset();
+  const size_t units = unit_count(g);
+  if (!uses_shares(state) || units == 0) {
+    // Read whole by every rank (a tensor that stays on the host) or only empty tensors: a
+    // status round alone, so a failure still reaches every rank.
+    if (!failure) {
+      try {
+        wait_until_landed(g);
+      } catch (const Error& e) {
+        failure = e;
+      }
+    }
+    exchange_->check_statuses(failure, file);
+    state.units_exchanged = 1;
+    return;
+  }
+  const c10::Device device = exchange_->device();
+  uint64_t own = 0;
+  while (state.units_exchanged < units) {
+    size_t u = state.units_exchanged;
+    if (!failure) {
+      try {
+        wait_until_landed(g, u + 1);  // this rank's share of unit u is in place
+      } catch (const Error& e) {
+        failure = e;
+      }
+    }
+    exchange_->check_statuses(failure, file);
+    auto unit = layout_.unit(group.length, u);
+    own += unit.share_end(exchange_->rank()) - unit.share_begin(exchange_->rank());
+    at::Tensor bytes =
+        loader::byte_view(state.dest + unit.begin, unit.slice * exchange_->world(), device);
+    if (staged_) {
+      // After the copies of this rank's share, queued on the loader's stream.
+      c10::DeviceGuard guard(device);
+      c10::StreamGuard on_loader(stage_->streams().loader());
+      exchange_->gather(bytes);
+    } else {
+      exchange_->gather(bytes);
+    }
+    state.units_exchanged += 1;
+  }
+  stats_.bytes_received += group.length - own;
+}
+
+void Loader::release_consumed_device_regions() {
+  if (!stage_) return;
+  // The consumer asked for the next tensor: its work on every tensor handed out so far is
+  // queued. One event per region marks that point; reuse waits on that region's event only.
+  for (auto& region : stage_->device_ring().regions()) {
+    if (region.pass == pass_id_ && region.first_item + region.item_count > next_item_) break;
+    if (!region.release_marked) stage_->device_ring().mark_released(region);
+  }
 }
 
 at::Tensor Loader::to_target_device(at::Tensor tensor) const {
@@ -410,41 +662,64 @@ at::Tensor Loader::to_target_device(at::Tensor tensor) const {
   return tensor.to(options_.device);
 }
 
+at::Tensor Loader::owned_copy(const at::Tensor& tensor) const {
+  uint64_t nbytes = tensor.nbytes();
+  const auto* from = static_cast<const uint8_t*>(tensor.data_ptr());
+  c10::DataPtr fresh;
+  if (tensor.device().is_cpu()) {
+    fresh = pool::allocate_host(nbytes, false, "a tensor");
+    std::memcpy(fresh.get(), from, nbytes);
+  } else {
+    fresh = stage_->copy_on_device(from, nbytes);
+  }
+  return tensor_over(make_storage(std::move(fresh), nbytes), tensor.scalar_type(),
+                     tensor.sizes().vec());
+}
+
 std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
   const auto& t = tensor_of_item(item);
   const std::string& file = file_of(t);
   ItemState& state = items_[item];
+  GroupState& group = groups_[plan_.group_of[item]];
   next_item_ = item + 1;
   // Take the owned storage before anything can throw, so a tensor torch cannot represent
   // (F6) is skipped cleanly and the read-ahead budget stays right.
   auto owned = std::move(state.owned);
-  if (!host_borrow_) ahead_bytes_ -= t.nbytes;
+  if (owned) ahead_bytes_ -= t.nbytes;
   auto dtype = loader::to_torch_dtype(t.entry->dtype, file, t.name());
   auto shape = loader::to_torch_shape(*t.entry, file);
   stats_.tensors_loaded += 1;
-  if (!host_borrow_) return {t.name(), aligned(tensor_over(std::move(owned), dtype, shape))};
-  at::Tensor host;
-  if (state.borrowed == nullptr) {  // an empty tensor: nothing in the ring
-    host = tensor_over(make_storage(pool::allocate_host(0, false, "a tensor"), 0), dtype, shape);
+  const bool on_device =
+      group.where == Destination::DeviceOwned || group.where == Destination::DeviceRing;
+  const c10::Device device = on_device ? options_.device : c10::Device(c10::DeviceType::CPU);
+  c10::DeviceGuard guard(device);
+  if (t.nbytes == 0) {
+    // An empty tensor: nothing read, nothing exchanged; it lives where its group would.
+    c10::Device empty_on = staged_ && group.where != Destination::HostOwned
+                               ? options_.device
+                               : c10::Device(c10::DeviceType::CPU);
+    return {t.name(), tensor_over(make_storage(c10::DataPtr(nullptr, empty_on), 0), dtype, shape)};
+  }
+  if (exchanging()) {
+    exchange_->wait_gathers();  // the consumer's stream (or the host) waits for the bytes
+  } else if (on_device) {
+    group.landed_fence.block(stage_->streams().consumer());
+  }
+  at::Tensor tensor;
+  if (owned) {
+    tensor = tensor_over(std::move(owned), dtype, shape);
   } else {
-    auto storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(state.borrowed);
-    host = aligned(tensor_over(std::move(storage), dtype, shape));
-  }
-  if (!staged_) return {t.name(), host};
-  if (host_fallback_ && t.nbytes > device_budget_) {
-    return {t.name(), host.clone()};  // too large for the device budget: an owned CPU tensor
-  }
-  loader::CopyFence staging_free;
-  at::Tensor on_device = stage_->transfer(host, &staging_free);
-  auto& regions = host_ring().regions();
-  for (auto region = regions.rbegin(); region != regions.rend(); ++region) {
-    if (region->pass == pass_id_ && region->first_item <= item &&
-        item < region->first_item + region->item_count) {
-      region->readers_done = staging_free;
-      break;
+    tensor = tensor_over(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(state.borrowed), dtype,
+                         shape);
+    // copy=true through a ring (the exchange): the consumer gets its own bytes.
+    if (options_.copy) {
+      auto start = Clock::now();
+      tensor = owned_copy(tensor);
+      stats_.copy_seconds += seconds_since(start);
+      return {t.name(), tensor};
     }
   }
-  return {t.name(), on_device};
+  return {t.name(), aligned(tensor)};
 }
 
 at::Tensor Loader::aligned(at::Tensor tensor) {
@@ -452,27 +727,10 @@ at::Tensor Loader::aligned(at::Tensor tensor) {
   // Unaligned data in the file (legal, if odd): hand out an aligned copy, never a misaligned
   // pointer that element-wise kernels may not expect.
   auto start = Clock::now();
-  uint64_t nbytes = tensor.nbytes();
-  auto owned = make_storage(pool::allocate_host(nbytes, false, "an unaligned tensor"), nbytes);
-  std::memcpy(owned->mutable_data(), tensor.data_ptr(), nbytes);
+  at::Tensor copy = owned_copy(tensor);
   stats_.misaligned_copies += 1;
   stats_.copy_seconds += seconds_since(start);
-  return tensor_over(std::move(owned), tensor.scalar_type(), tensor.sizes().vec());
-}
-
-void Loader::make_ready(size_t item) {
-  size_t g = plan_.group_of[item];
-  pump();
-  if (!groups_[g].submitted) {
-    // Nothing is ahead and the ring only holds handed-out tensors: make room even if that means
-    // copying out the live one.
-    if (!place_group(g, /*force=*/true)) {
-      throw Error(ErrorKind::Io, file_of(tensor_of_item(item)), tensor_of_item(item).name(),
-                  "internal: no room in the borrow buffer");
-    }
-    submit_group(next_group_++);
-  }
-  if (reads_here(g)) wait_for_group(g);
+  return copy;
 }
 
 std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
@@ -483,32 +741,48 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
     if (pass_error_) throw *pass_error_;
     if (next_item_ >= plan_.items.size()) return std::nullopt;
     size_t item = next_item_;
-    make_ready(item);
+    release_consumed_device_regions();
+    make_ready(item, /*wait=*/true);
     pump();
     return hand_out(item);
   }
-  // Distributed: every rank walks the same items, so any failure here (a changed file, a read
-  // error, no memory) is carried by this item's exchange and raises on every rank together.
+  // Distributed: every rank walks the same items and the same status rounds, so a failure here
+  // (a changed file, a read error, no memory) travels with the next round and raises on every
+  // rank together.
   if (pass_error_) throw *pass_error_;
   if (pass_started_ && next_item_ >= plan_.items.size()) return std::nullopt;
-  std::optional<Error> failure;
   size_t item = pass_started_ ? next_item_ : 0;
   if (item >= plan_.items.size()) {
     begin_pass();
     return std::nullopt;
   }
+  std::optional<Error> failure;
   try {
     if (!pass_started_) begin_pass();
-    make_ready(item);
+    release_consumed_device_regions();
+    make_ready(item, /*wait=*/false);
   } catch (const Error& e) {
     failure = e;
   }
-  if (!groups_.empty()) {
-    receive_group(plan_.group_of[item], failure);
+  size_t g = plan_.group_of[item];
+  if (groups_.empty()) {
+    if (failure) throw *failure;
+  } else if (groups_[g].units_exchanged == 0) {
+    try {
+      exchange_group(g, failure);
+    } catch (const Error& e) {
+      drain_in_flight();
+      pass_error_.emplace(e);
+      throw;
+    }
   } else if (failure) {
-    throw *failure;
+    deferred_failure_ = failure;  // this group is already here; the next round carries it
   }
-  pump();
+  try {
+    pump();
+  } catch (const Error& e) {
+    deferred_failure_ = e;
+  }
   return hand_out(item);
 }
 
@@ -523,7 +797,6 @@ const format::IndexedTensor& Loader::selected_tensor(const std::string& name) co
 
 c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTensor& t,
                                                         uint64_t offset, uint64_t nbytes) {
-  if (pass_error_) throw *pass_error_;
   checkpoint_->check_unchanged();
   auto range = plan::align_range(t.file_offset + offset, nbytes, io_alignment_);
   auto window = pool::allocate_host_window(range.span, range.prefix, ring_alignment_, "a tensor");
@@ -579,13 +852,14 @@ void Loader::close() {
   if (closed_) return;
   closed_ = true;
   drain_in_flight();
-  if (stage_) stage_->close();
-  // Retained borrowed tensors must outlive the ring: copy them out now.
-  if (host_ring_) stats_.materializations += host_ring_->release_all();
   items_.clear();
   groups_.clear();
   reads_->stop();  // joins the workers
   io_->close();
+  // Retained borrowed tensors must outlive the rings: copy them out now.
+  if (exchange_) exchange_->wait_gathers();
+  if (stage_) stats_.materializations += stage_->close();
+  if (host_ring_) stats_.materializations += host_ring_->release_all();
   host_ring_.reset();
   if (options_.debug) {
     std::cerr << "[instanttensor] " << checkpoint_->files()[0].path << ": " << stats_.bytes_read

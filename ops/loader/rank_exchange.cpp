@@ -1,93 +1,148 @@
 #include "loader/rank_exchange.h"
 
+#include <c10/core/DeviceGuard.h>
+
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 namespace instanttensor::loader {
 
 namespace {
-constexpr int64_t kMessageBytes = 1024;
+constexpr int64_t kStatusBytes = 8;
+constexpr int64_t kMessageBytes = 1016;  // status word + message: 1 KiB per rank per unit
 
-at::Tensor bytes_view(uint8_t* data, uint64_t nbytes) {
-  return at::from_blob(data, {static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));
+uint64_t round_up(uint64_t value, uint64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
 }
 }  // namespace
 
-std::vector<int> assign_owners(const std::vector<uint64_t>& group_bytes, int world) {
-  uint64_t total = 0;
-  for (uint64_t bytes : group_bytes) total += bytes;
-  std::vector<int> owners(group_bytes.size(), 0);
-  uint64_t before = 0;
-  for (size_t g = 0; g < group_bytes.size(); ++g) {
-    // The rank whose share holds the middle of this group.
-    uint64_t middle = before + group_bytes[g] / 2;
-    owners[g] = total == 0 ? static_cast<int>(g % world)
-                           : static_cast<int>(std::min<uint64_t>(
-                                 world - 1, (middle * static_cast<uint64_t>(world)) / total));
-    before += group_bytes[g];
-  }
-  return owners;
+ExchangePlace choose_exchange_place(const std::vector<c10::DeviceType>& group_device_types,
+                                    c10::DeviceType target, bool staged) {
+  bool has_target = std::find(group_device_types.begin(), group_device_types.end(), target) !=
+                    group_device_types.end();
+  if (!has_target) return ExchangePlace::Local;
+  return staged ? ExchangePlace::Device : ExchangePlace::Host;
 }
 
-RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : group_(std::move(group)), rank_(group_->getRank()), world_(group_->getSize()) {}
+std::string describe_backends(c10d::ProcessGroup& group) {
+  std::string out;
+  for (const auto& device : group.getDeviceTypes()) {
+    if (!out.empty()) out += ", ";
+    out += c10::DeviceTypeName(device.type(), /*lower_case=*/true) + ":";
+    try {
+      out += group.getBackend(device.type())->getBackendName();
+    } catch (const std::exception&) {
+      out += "?";
+    }
+  }
+  return out.empty() ? "none" : out;
+}
 
-void RankExchange::handshake(uint64_t digest, const std::string& file) {
-  std::vector<at::Tensor> input = {at::tensor({static_cast<int64_t>(digest)}, at::kLong)};
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int r = 0; r < world_; ++r) output[0].push_back(at::empty({1}, at::kLong));
-  group_->allgather(output, input)->wait();
+UnitLayout::UnitLayout(uint64_t chunk_size, int world_size) : world(world_size) {
+  uint64_t step = static_cast<uint64_t>(world) * kSliceAlignment;
+  // One slice per rank of about chunk_size bytes: each rank reads a chunk per unit.
+  unit_bytes = std::max<uint64_t>(1, chunk_size / kSliceAlignment) * step;
+}
+
+size_t UnitLayout::unit_count(uint64_t group_bytes) const {
+  return static_cast<size_t>((group_bytes + unit_bytes - 1) / unit_bytes);
+}
+
+UnitLayout::Unit UnitLayout::unit(uint64_t group_bytes, size_t u) const {
+  Unit out;
+  out.begin = static_cast<uint64_t>(u) * unit_bytes;
+  out.end = std::min(group_bytes, out.begin + unit_bytes);
+  uint64_t per_rank = (out.end - out.begin + world - 1) / static_cast<uint64_t>(world);
+  out.slice = world == 1 ? out.end - out.begin : round_up(per_rank, kSliceAlignment);
+  return out;
+}
+
+uint64_t UnitLayout::Unit::share_begin(int rank) const {
+  return std::min(end, begin + static_cast<uint64_t>(rank) * slice);
+}
+
+uint64_t UnitLayout::Unit::share_end(int rank) const {
+  return std::min(end, begin + static_cast<uint64_t>(rank + 1) * slice);
+}
+
+RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device)
+    : group_(std::move(group)),
+      backend_(group_->getBackend(device.type())),
+      device_(device),
+      rank_(group_->getRank()),
+      world_(group_->getSize()) {}
+
+at::Tensor RankExchange::all_gather(const at::Tensor& contribution) {
+  // Small control messages (handshake, statuses): through the same backend as the data, so a
+  // device-only group (NCCL) needs nothing else; read back on the host (one sync).
+  c10::DeviceGuard guard(device_);
+  at::Tensor input = contribution.to(device_);
+  at::Tensor output = at::empty({input.numel() * world_}, input.options());
+  backend_->_allgather_base(output, input)->wait();
+  return output.cpu();
+}
+
+uint64_t RankExchange::handshake(uint64_t digest, uint64_t budget, const std::string& file) {
+  at::Tensor mine = at::empty({2}, at::kLong);
+  mine[0] = static_cast<int64_t>(digest);
+  mine[1] = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX));
+  at::Tensor all = all_gather(mine);
+  const int64_t* values = all.data_ptr<int64_t>();
   std::string differing;
-  int64_t first = output[0][0].item<int64_t>();
-  for (int r = 1; r < world_; ++r) {
-    if (output[0][r].item<int64_t>() != first) differing += " " + std::to_string(r);
+  uint64_t smallest = budget;
+  for (int r = 0; r < world_; ++r) {
+    if (values[2 * r] != values[0]) differing += " " + std::to_string(r);
+    smallest = std::min(smallest, static_cast<uint64_t>(values[2 * r + 1]));
   }
   if (!differing.empty()) {
     throw Error(ErrorKind::Argument, file, "",
-                "ranks opened different checkpoints or selections (rank" + differing +
-                    " differ from rank 0); every rank must open the same files with the same keys");
+                "ranks opened different checkpoints, selections or layout options (rank" +
+                    differing +
+                    " differ from rank 0); every rank must open the same files with the same "
+                    "keys, copy, buffer_size and chunk_size");
   }
+  return smallest;
 }
 
-void RankExchange::exchange(int owner, uint8_t* data, uint64_t nbytes,
-                            const std::optional<Error>& failure) {
-  // Status word (0 ok, else the error kind + 1) and the message, from every rank.
-  auto header = at::zeros({8 + kMessageBytes}, at::kByte);
+void RankExchange::check_statuses(const std::optional<Error>& failure, const std::string& file) {
+  at::Tensor mine = at::zeros({kStatusBytes + kMessageBytes}, at::kByte);
   if (failure) {
     int64_t status = static_cast<int64_t>(failure->kind()) + 1;
-    std::memcpy(header.data_ptr(), &status, 8);
+    std::memcpy(mine.data_ptr(), &status, kStatusBytes);
     std::string message = failure->what();
-    std::memcpy(header.data_ptr<uint8_t>() + 8, message.data(),
+    std::memcpy(mine.data_ptr<uint8_t>() + kStatusBytes, message.data(),
                 std::min<size_t>(message.size(), kMessageBytes - 1));
   }
-  std::vector<at::Tensor> input = {header};
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int r = 0; r < world_; ++r) output[0].push_back(at::empty_like(header));
-  group_->allgather(output, input)->wait();
-  bool any_failed = false;
-  for (int r = 0; r < world_; ++r) {
-    int64_t status = 0;
-    std::memcpy(&status, output[0][r].data_ptr(), 8);
-    any_failed |= status != 0;
+  at::Tensor all = all_gather(mine);
+  const uint8_t* words = all.data_ptr<uint8_t>();
+  int failed_rank = -1;
+  int64_t failed_status = 0;
+  for (int r = 0; r < world_ && failed_rank < 0; ++r) {
+    std::memcpy(&failed_status, words + r * (kStatusBytes + kMessageBytes), kStatusBytes);
+    if (failed_status != 0) failed_rank = r;
   }
-  // Every rank has every status before anyone raises: one more round trip, so a failing rank
-  // that exits right away cannot cut the others off mid-collective.
-  if (any_failed) group_->barrier()->wait();
+  if (failed_rank < 0) return;
+  // Every rank stops here, after the same status round: finish the gathers already queued so
+  // no collective is left pending on the group.
+  wait_gathers();
   if (failure) throw *failure;
-  for (int r = 0; r < world_; ++r) {
-    int64_t status = 0;
-    std::memcpy(&status, output[0][r].data_ptr(), 8);
-    if (status != 0) {
-      std::string message(reinterpret_cast<const char*>(output[0][r].data_ptr<uint8_t>()) + 8);
-      throw Error(static_cast<ErrorKind>(status - 1), "", "",
-                  "rank " + std::to_string(r) + " failed: " + message);
-    }
-  }
-  if (nbytes == 0) return;
-  std::vector<at::Tensor> payload = {bytes_view(data, nbytes)};
-  c10d::BroadcastOptions options;
-  options.rootRank = owner;
-  group_->broadcast(payload, options)->wait();
+  std::string message(reinterpret_cast<const char*>(
+      words + failed_rank * (kStatusBytes + kMessageBytes) + kStatusBytes));
+  throw Error(static_cast<ErrorKind>(failed_status - 1), file, "",
+              "rank " + std::to_string(failed_rank) + " failed: " + message);
+}
+
+void RankExchange::gather(at::Tensor unit) {
+  int64_t slice = unit.numel() / world_;
+  at::Tensor share = unit.narrow(0, rank_ * slice, slice);
+  in_flight_.push_back(backend_->_allgather_base(unit, share));
+}
+
+void RankExchange::wait_gathers() {
+  auto works = std::move(in_flight_);
+  in_flight_.clear();
+  for (auto& work : works) work->wait();
 }
 
 }  // namespace instanttensor::loader

@@ -1,4 +1,5 @@
-// Distributed loading over a c10d ProcessGroup: who reads what, the handshake, the exchanges.
+// Distributed loading over a c10d ProcessGroup: where the exchange runs, the handshake, and the
+// per-unit protocol (status words, then one in-place all-gather of the unit's bytes).
 #pragma once
 
 #include <cstdint>
@@ -11,32 +12,83 @@
 
 namespace instanttensor::loader {
 
-// Each read group goes to one rank, in contiguous runs of about total/world bytes, so every
-// rank reads about 1/world of the selected bytes and mostly sequentially.
-std::vector<int> assign_owners(const std::vector<uint64_t>& group_bytes, int world);
+// Where the bytes of a distributed load meet.
+enum class ExchangePlace {
+  Local,   // the group has no backend for the target: every rank reads everything itself
+  Host,    // host memory (a CPU target): reads land in the host ring, gathered there
+  Device,  // the target's memory behind the transfer stage: the device ring, gathered there
+};
 
-// The collectives of one loader. Every rank must make the same calls in the same order (the
-// loader guarantees it: one exchange per read group, in storage order). Tensors passed to the
-// group are CPU tensors, so the group needs a CPU backend (gloo). Consumer thread only.
+// Pure choice from the device types the group has backends for and the target: the backend for
+// the target's own device type, in the target's memory (the device ring when the transfer stage
+// is in use, so device bytes never bounce through the host); no such backend -> Local.
+ExchangePlace choose_exchange_place(const std::vector<c10::DeviceType>& group_device_types,
+                                    c10::DeviceType target, bool staged);
+
+// "cpu:gloo, cuda:nccl"-style description of a group's backends, for the fallback warning.
+std::string describe_backends(c10d::ProcessGroup& group);
+
+// How a read group is cut for the exchange: units of at most `unit_bytes` (a multiple of
+// world x kSliceAlignment), each cut into `world` equal slices; the last unit of a group is
+// padded so that its slices are equal too (the all-gather writes up to `padding()` bytes past
+// the group's end, which its destination reserves).
+struct UnitLayout {
+  static constexpr uint64_t kSliceAlignment = 64;
+  uint64_t unit_bytes = 0;
+  int world = 1;
+  UnitLayout(uint64_t chunk_size, int world);
+  size_t unit_count(uint64_t group_bytes) const;
+  // Unit `u` of a group of `group_bytes`: [begin, end) in the group, and its slice size.
+  struct Unit {
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    uint64_t slice = 0;
+    // Rank r's share: [begin + r x slice, ...) clipped to the unit; may be empty.
+    uint64_t share_begin(int rank) const;
+    uint64_t share_end(int rank) const;
+  };
+  Unit unit(uint64_t group_bytes, size_t u) const;
+  uint64_t padding() const { return static_cast<uint64_t>(world) * kSliceAlignment; }
+};
+
+// The collectives of one loader, on the group's backend for one device type. Every rank makes
+// the same calls in the same order (the loader walks the same plan on every rank). Consumer
+// thread only.
 class RankExchange {
  public:
-  explicit RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group);
+  // `device`: where the exchanged bytes live (a CPU device for Host; the target for Device).
+  RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device);
   int rank() const { return rank_; }
   int world() const { return world_; }
+  c10::Device device() const { return device_; }
 
-  // Gathers every rank's digest of files, sizes and selection; throws Error(Argument) on every
-  // rank, naming the ranks that differ, when they do not all match. `file` names the checkpoint.
-  void handshake(uint64_t digest, const std::string& file);
+  // Gathers every rank's digest of files, sizes, headers, selection and layout, and its device
+  // memory budget. Throws Error(Argument) on every rank, naming the ranks that differ, when the
+  // digests do not all match; else returns the smallest budget, so every rank sizes alike.
+  uint64_t handshake(uint64_t digest, uint64_t budget, const std::string& file);
 
-  // Moves `nbytes` at `data` from `owner` to every rank. Every rank first contributes a status
-  // word (and its error message, if it failed: a read error, a changed file, ...), gathered by
-  // all, so a failure on any rank raises on every rank instead of leaving the others waiting.
-  void exchange(int owner, uint8_t* data, uint64_t nbytes, const std::optional<Error>& failure);
+  // The status round of a unit: every rank contributes 0 or its failure (kind and message), the
+  // host reads them all once. Throws on every rank when any rank failed (its own error, or
+  // "rank N failed: ..."), after waiting for the gathers still in flight, so the group is left
+  // with no pending collective and a new loader can use it.
+  void check_statuses(const std::optional<Error>& failure, const std::string& file);
+
+  // Queues the in-place all-gather of `unit` (world x slice bytes on device(); this rank's slice
+  // already in place). Ordered after the work queued on the current stream (device backends).
+  void gather(at::Tensor unit);
+  // Waits for every queued gather; device backends make the current stream wait, the host
+  // does not. Returns once the bytes may be read on the current stream.
+  void wait_gathers();
 
  private:
+  at::Tensor all_gather(const at::Tensor& contribution);
+
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  c10::Device device_;
   int rank_ = 0;
   int world_ = 1;
+  std::vector<c10::intrusive_ptr<c10d::Work>> in_flight_;
 };
 
 }  // namespace instanttensor::loader

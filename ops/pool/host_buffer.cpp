@@ -1,6 +1,7 @@
 #include "pool/host_buffer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -15,7 +16,7 @@ constexpr uint64_t kHugePage = 2ull << 20;
 
 void free_host(void* ptr) { std::free(ptr); }
 
-void free_pinned(void* tensor) { delete static_cast<at::Tensor*>(tensor); }
+void free_pinned_copy(void* holder) { delete static_cast<c10::DataPtr*>(holder); }
 
 void* allocate_block(uint64_t nbytes, uint64_t min_alignment, const char* purpose) {
   uint64_t alignment = nbytes >= kHugePage ? kHugePage : 64;
@@ -46,14 +47,27 @@ c10::DataPtr allocate_host_window(uint64_t span, uint64_t prefix, uint64_t align
                       c10::Device(c10::DeviceType::CPU));
 }
 
-c10::DataPtr allocate_pinned(uint64_t nbytes, uint64_t alignment) {
-  // torch's pinned allocator rounds up and caches; over-allocate to align inside the block.
-  auto* block = new at::Tensor(at::empty({static_cast<int64_t>(nbytes + alignment)},
-                                         at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
-  auto base = reinterpret_cast<uintptr_t>(block->data_ptr());
+c10::DataPtr allocate_pinned(uint64_t nbytes, uint64_t alignment, c10::DeviceType device_type) {
+  // The caching host allocator rounds each request up to a power of two: ask for exactly the
+  // (power-of-two) size, whose blocks come page-aligned, and pad only if one does not.
+  at::HostAllocator* allocator = at::getHostAllocator(device_type);
+  c10::DataPtr block = allocator->allocate(nbytes);
+  auto base = reinterpret_cast<uintptr_t>(block.get());
+  if (base % alignment == 0) return block;
+  block = allocator->allocate(nbytes + alignment);
+  base = reinterpret_cast<uintptr_t>(block.get());
   auto aligned = (base + alignment - 1) / alignment * alignment;
-  return c10::DataPtr(reinterpret_cast<void*>(aligned), block, &free_pinned,
+  auto* holder = new c10::DataPtr(std::move(block));
+  return c10::DataPtr(reinterpret_cast<void*>(aligned), holder, &free_pinned_copy,
                       c10::Device(c10::DeviceType::CPU));
+}
+
+void release_cached_pinned(c10::DeviceType device_type) noexcept {
+  try {
+    at::getHostAllocator(device_type)->empty_cache();
+  } catch (...) {
+    // Nothing cached, or no runtime: nothing to give back.
+  }
 }
 
 }  // namespace instanttensor::pool

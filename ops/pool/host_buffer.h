@@ -20,9 +20,14 @@ c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose);
 c10::DataPtr allocate_host_window(uint64_t span, uint64_t prefix, uint64_t alignment,
                                   const char* purpose);
 
-// `nbytes` of page-locked host memory from torch's pinned allocator (for the staging ring of an
-// accelerator target), aligned to `alignment`. The DataPtr keeps the pinned block alive.
-// Throws what torch throws when no accelerator runtime can pin memory. Any thread.
-c10::DataPtr allocate_pinned(uint64_t nbytes, uint64_t alignment);
+// `nbytes` of page-locked host memory from torch's caching host allocator for `device_type`
+// (the staging ring of an accelerator target), aligned to `alignment`. Use a power of two: the
+// allocator rounds up to one. The DataPtr returns the block to that cache. Throws what torch
+// throws when no accelerator runtime can pin memory. Any thread.
+c10::DataPtr allocate_pinned(uint64_t nbytes, uint64_t alignment, c10::DeviceType device_type);
+
+// Returns the pinned blocks cached by torch's host allocator for `device_type` to the system
+// (the staging ring's, after close). Never throws. Any thread.
+void release_cached_pinned(c10::DeviceType device_type) noexcept;
 
 }  // namespace instanttensor::pool

@@ -37,7 +37,7 @@ TEST(Staging, CopyAndBorrowThroughTheStageMatchTheFile) {
   TempDir dir;
   auto model = write_model(dir);
   for (bool copy : {true, false}) {
-    SafeOpen f(model.files, staged(copy, static_cast<int64_t>(model.largest + 16384)));
+    SafeOpen f(model.files, staged(copy, 64 << 10));
     for (int pass = 0; pass < 2; ++pass) {
       size_t seen = 0;
       for (auto& [name, tensor] : f) {
@@ -56,8 +56,9 @@ TEST(Staging, RetainedBorrowedTensorsSurviveWrapsOfBothRings) {
   auto model = write_model(dir);
   // Small staging and device rings: both wrap several times over one pass.
   const int64_t ring = static_cast<int64_t>(model.largest + 8192);
-  ASSERT_GT(model.total, 4u * ring);
-  SafeOpen f(model.files, staged(false, ring, ring));
+  const int64_t staging = 32 << 10;
+  ASSERT_GT(model.total, 3u * std::max(ring, staging));
+  SafeOpen f(model.files, staged(false, staging, ring));
   std::vector<std::pair<std::string, at::Tensor>> kept;
   std::vector<at::Tensor> views;
   for (auto& item : f) {
@@ -88,17 +89,55 @@ TEST(Staging, BudgetAndSizeErrorsNameTheTensorBeforeAllocating) {
       EXPECT_NE(message.find(needle), std::string::npos) << message;
     }
   };
-  expect_error(staged(true, 1024), "'embed'");  // staging smaller than a tensor
-  OpenOptions budget = staged(true, static_cast<int64_t>(model.largest + 16384));
+  expect_error(staged(true, 1024), "staging_size=1024 bytes is below");
+  OpenOptions budget = staged(true, 64 << 10);
   budget.device_budget = static_cast<int64_t>(model.largest / 2);
   expect_error(budget, "device memory budget");
-  OpenOptions ring = staged(false, static_cast<int64_t>(model.largest + 16384), 1 << 20);
+  OpenOptions ring = staged(false, 64 << 10, 1 << 20);
   ring.device_budget = 1 << 19;
   expect_error(ring, "exceeds the device memory budget");
 
   budget.host_fallback = true;  // the oversized tensor stays on the host instead
   SafeOpen f(model.files, budget);
   for (auto& [name, tensor] : f) EXPECT_TRUE(at::equal(tensor, model.tensors.at(name))) << name;
+}
+
+TEST(Staging, TensorsLargerThanTheStagingRingStreamThroughItInSlices) {
+  TempDir dir;
+  std::map<std::string, at::Tensor> tensors;
+  tensors["big"] = at::randn({1024, 256});  // 1 MiB, 32 x the staging ring
+  tensors["small"] = at::randn({7, 3});
+  tensors["bigger"] = at::randn({3, 1024, 128}).to(at::kBFloat16);
+  auto model = testing::save_shards(dir, {{"m.safetensors", tensors}});
+  for (bool copy : {true, false}) {
+    SCOPED_TRACE(copy ? "copy" : "borrow");
+    OpenOptions options = staged(copy, 32 << 10);
+    SafeOpen f(model.files, options);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (auto& [name, tensor] : f) {
+        EXPECT_TRUE(at::equal(tensor, model.tensors.at(name))) << name;
+      }
+    }
+    // Every read went through the small ring in slices of at most the stream chunk.
+    EXPECT_GE(f.stats().read_requests, 2 * (model.total / (16 << 10)));
+  }
+}
+
+TEST(Staging, DefaultDeviceBufferFitsTheBudgetItWasCheckedAgainst) {
+  TempDir dir;
+  auto model = write_model(dir);
+  // A budget that fits the largest tensor but not the default two-tensors-plus-read-ahead
+  // ring: the ring shrinks to the budget at open instead of failing at the first next().
+  OpenOptions options = staged(false, 64 << 10);
+  options.device_budget = static_cast<int64_t>(model.largest + 4096);
+  SafeOpen f(model.files, options);
+  EXPECT_LE(f.buffer_size(), model.largest + 4096);
+  size_t seen = 0;
+  for (auto& [name, tensor] : f) {
+    EXPECT_TRUE(at::equal(tensor, model.tensors.at(name))) << name;
+    ++seen;
+  }
+  EXPECT_EQ(seen, model.tensors.size());
 }
 
 }  // namespace

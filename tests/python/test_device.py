@@ -15,7 +15,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_forced_staging_on_cpu_matches(model_files, copy):
     paths, tensors = model_files
     largest = max(t.nbytes for t in tensors.values())
-    with instanttensor.safe_open(paths, copy=copy, staging_size=largest + 8192,
+    total = sum(t.nbytes for t in tensors.values())
+    staging = 32 << 10  # the smallest staging ring: large tensors stream through it in slices
+    assert total > 2 * staging
+    with instanttensor.safe_open(paths, copy=copy, staging_size=staging,
                                  buffer_size=None if copy else largest + 8192,
                                  _force_staging=True) as f:
         kept = list(f.tensors())  # kept on purpose: both rings wrap under it
@@ -32,10 +35,15 @@ def test_cuda_parity_with_safetensors(model_files, copy, device):
     from safetensors import safe_open as reference_open
 
     paths, tensors = model_files
+    current = torch.cuda.current_device()
     with instanttensor.safe_open(paths, device=device, copy=copy) as f:
         for name, tensor in f.tensors():
-            assert tensor.device.type == "cuda"
+            # An unindexed "cuda" resolves to the current device: a concrete index, always.
+            assert tensor.device == torch.device("cuda", current), name
             assert same_bytes(tensor, tensors[name]), name
+            target = torch.empty_like(tensor, device=torch.device("cuda", current))
+            target.copy_(tensor)  # what a weight loader does with it
+            assert same_bytes(target, tensors[name]), name
     with reference_open(paths[0], framework="pt", device="cuda") as ref:
         for name in ref.keys():
             with instanttensor.safe_open(paths[0], device="cuda") as f:
@@ -51,7 +59,9 @@ def test_borrowed_views_consumed_on_a_side_stream(model_files):
         with instanttensor.safe_open(paths, device="cuda", copy=False,
                                      buffer_size=64 << 10) as f:
             for name, tensor in f.tensors():
-                torch.cuda._sleep(1000)  # slow consumer: reuse must wait for it, not race it
+                assert tensor.device == torch.device("cuda", torch.cuda.current_device())
+                # A slow consumer (~10^7 cycles, milliseconds): reuse must wait for it.
+                torch.cuda._sleep(10_000_000)
                 outputs[name] = tensor.float() * 1.0
     side.synchronize()
     for name, value in outputs.items():
@@ -76,7 +86,10 @@ def test_device_memory_returns_after_close(model_files):
     before = torch.cuda.memory_allocated()
     for copy in (True, False):
         with instanttensor.safe_open(paths, device="cuda", copy=copy) as f:
-            for _ in f.tensors():
+            for name, tensor in f.tensors():
                 pass
+        del tensor  # the loop's last tensor is the consumer's, not the loader's
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
+    # The pinned staging ring is given back at close, not kept in torch's host cache.
+    assert torch.cuda.host_memory_stats()["allocated_bytes.current"] == 0
