@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Iterator, Sequence, Union
 
 import torch
@@ -54,8 +55,7 @@ def _device_budget(device: torch.device, max_free_mem_usage: float | None) -> in
         except ValueError:
             raise ValueError(f"INSTANTTENSOR_MAX_FREE_MEM_USAGE={text!r} is not valid; "
                              "accepted: a number in (0, 1]") from None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    free, _ = torch.cuda.mem_get_info(index)
+    free, _ = torch.cuda.mem_get_info(device.index)
     return max(1, int(free * float(max_free_mem_usage)))
 
 
@@ -164,6 +164,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         if self._device.type == "cuda":
             if not torch.cuda.is_available():
                 raise ValueError(f"device={device!r}: CUDA is not available in this torch")
+            if self._device.index is None:  # "cuda": the current device, resolved now
+                self._device = torch.device("cuda", torch.cuda.current_device())
             device_budget = _device_budget(self._device, max_free_mem_usage)
         self.load_now = load_now  # reads always start at the first step; kept for compatibility
         with engine_errors():
@@ -183,6 +185,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
                 bool(host_fallback),
                 bool(_force_staging),
             )
+            for message in self._handle.open_warnings():
+                warnings.warn(message, stacklevel=2)
             self.total_tensor_size: int = self._handle.total_tensor_size()
             self.buffer_size: int = self._handle.buffer_size()
         self.copy: bool = bool(copy)

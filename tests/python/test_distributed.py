@@ -1,9 +1,17 @@
-"""Distributed loading with gloo on the CPU: every rank gets every tensor, reading ~1/world."""
+"""Distributed loading with gloo on the CPU, one process per rank.
+
+The exchange runs in units: each rank reads its slice of a unit, a status round, then one
+in-place all-gather. With `_force_staging` the same exchange runs in the transfer stage's device
+ring (a CPU "device" here), the path NCCL takes on GPUs. Groups are shaped like the ones vLLM
+passes: "cuda:gloo" has a backend for cuda only (like NCCL), "cpu:gloo,cuda:gloo" has both.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,44 +21,98 @@ import torch
 from safetensors.torch import save_file as reference_save
 
 RANK_SCRIPT = textwrap.dedent("""
-    import hashlib, json, os, sys
+    import hashlib, json, os, sys, warnings
     import torch
     import torch.distributed as dist
     import instanttensor
 
-    rank, world = int(sys.argv[1]), int(sys.argv[2])
-    files, store, out, copy = json.loads(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6] == "1"
-    break_rank = int(sys.argv[7])
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    result = {"rank": rank}
-    try:
-        with instanttensor.safe_open(files, process_group=dist.group.WORLD, copy=copy,
-                                     buffer_size=None if copy else 96 << 10) as f:
-            if rank == break_rank:
+    rank, world, spec = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    files = spec["files"][rank]
+    if spec.get("fault_rank") == rank:
+        torch.ops.load_library(spec["testing_library"])
+    dist.init_process_group(spec.get("backend", "gloo"), init_method="file://" + spec["store"],
+                            rank=rank, world_size=world)
+
+    def load_like_vllm(result):
+        # vLLM's --load-format instanttensor: the world's device group, copy=True, a tqdm bar
+        # in bytes on rank 0.
+        import tqdm.auto
+        from instanttensor.integrations.vllm import instanttensor_weights_iterator
+        bars = []
+
+        class RecordingBar:
+            def __init__(self, **kwargs):
+                bars.append(kwargs)
+                self.done = 0
+            def update(self, n):
+                self.done += n
+                bars[-1]["done"] = self.done
+            def close(self):
+                pass
+
+        tqdm.auto.tqdm = RecordingBar
+        digests = {}
+        for name, tensor in instanttensor_weights_iterator(files, True, dist.group.WORLD):
+            digests[name] = hashlib.sha256(
+                tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        result.update(digests=digests, bars=bars)
+
+    def load(result, inject):
+        if spec.get("vllm"):
+            return load_like_vllm(result)
+        with instanttensor.safe_open(files, process_group=dist.group.WORLD, **spec["options"]) as f:
+            if inject and spec.get("break_rank") == rank:
                 os.truncate(files[-1], 64)  # this rank's copy changes after the handshake
+            if inject and spec.get("fault_rank") == rank:
+                torch.ops.instanttensor_testing.arm_read_fault(spec["fault_read"], 5)
             digests = {}
             for name, tensor in f.tensors():
                 data = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
                 digests[name] = hashlib.sha256(data).hexdigest()
             result.update(digests=digests, stats=f.stats(), total=f.total_tensor_size)
-    except Exception as error:
-        result["error"] = f"{type(error).__name__}: {error}"
-    with open(out, "w") as handle:
+
+    result = {"rank": rank}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            load(result, inject=True)
+        except Exception as error:
+            result["error"] = f"{type(error).__name__}: {error}"
+    result["warnings"] = [str(w.message) for w in caught if "instanttensor" in str(w.message)]
+    if "error" in result and spec.get("retry"):
+        # The group is left clean: a new loader on it works.
+        files = spec["retry_files"][rank]
+        retry = {}
+        try:
+            load(retry, inject=False)
+        except Exception as error:
+            retry["error"] = f"{type(error).__name__}: {error}"
+        result["retry"] = retry
+    with open(spec["out"] % rank, "w") as handle:
         json.dump(result, handle)
     dist.destroy_process_group()
 """)
 
 
-def run_ranks(tmp_path, files_per_rank: list[list[str]], copy: bool, timeout: float = 120,
-              break_rank: int = -1):
-    store = tmp_path / "store"
+# Read at import: the suite's autouse fixture clears INSTANTTENSOR_* variables for each test.
+CMAKE_BUILD_DIR = os.environ.get("INSTANTTENSOR_CMAKE_BUILD_DIR")
+
+
+def fault_library() -> str:
+    build = CMAKE_BUILD_DIR
+    path = os.path.join(build or "", "libinstanttensor_testing.so")
+    if not build or not os.path.exists(path):
+        pytest.skip("needs the CMake build's test-only library (INSTANTTENSOR_CMAKE_BUILD_DIR)")
+    return path
+
+
+def run_ranks(tmp_path, files_per_rank, options, timeout=180, **spec):
+    world = len(files_per_rank)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    world = len(files_per_rank)
-    outs = [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world),
-                               json.dumps(files_per_rank[r]), str(store), str(outs[r]),
-                               "1" if copy else "0", str(break_rank)],
+    spec.update(files=files_per_rank, options=options, store=str(tmp_path / "store"),
+                out=str(tmp_path / "rank%d.json"))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), json.dumps(spec)],
                               stderr=subprocess.PIPE, text=True)
              for r in range(world)]
     for proc in procs:
@@ -61,19 +123,23 @@ def run_ranks(tmp_path, files_per_rank: list[list[str]], copy: bool, timeout: fl
                 p.kill()
             pytest.fail("a rank hung")
     results = []
-    for proc, out in zip(procs, outs):
+    for r, proc in enumerate(procs):
+        out = tmp_path / f"rank{r}.json"
         assert out.exists(), proc.stderr.read()
         results.append(json.loads(out.read_text()))
     return results
 
 
+def digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
 @pytest.fixture
 def checkpoint(tmp_path):
-    import hashlib
-
     torch.manual_seed(3)
     tensors = {f"layer.{i}.weight": torch.randn(40 + i, 64) for i in range(12)}
-    tensors["embed"] = torch.randn(300, 64).to(torch.bfloat16)
+    tensors["embed"] = torch.randn(300, 64).to(torch.bfloat16)  # spans many units
+    tensors["tiny"] = torch.tensor([1, 2, 3], dtype=torch.int8)  # fewer bytes than ranks x 64
     tensors["empty"] = torch.empty(0, 3)
     tensors["scalar"] = torch.tensor(7, dtype=torch.int64)
     names = sorted(tensors)
@@ -82,46 +148,132 @@ def checkpoint(tmp_path):
         path = str(tmp_path / f"shard-{index}.safetensors")
         reference_save({n: tensors[n] for n in names[index::2]}, path)
         paths.append(path)
-    digests = {n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-               .hexdigest() for n, t in tensors.items()}
-    return paths, digests, sum(t.nbytes for t in tensors.values())
+    return paths, {n: digest(t) for n, t in tensors.items()}, sum(t.nbytes for t in tensors.values())
 
 
-@pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("copy", [True, False])
-def test_every_rank_gets_every_tensor_reading_a_share(tmp_path, checkpoint, world, copy):
+def copies_per_rank(tmp_path, paths, world):
+    """Identical copies of the checkpoint, one folder per rank (so one rank's can change)."""
+    per_rank = []
+    for rank in range(world):
+        folder = tmp_path / f"copy{rank}"
+        folder.mkdir()
+        per_rank.append([shutil.copy(p, folder / os.path.basename(p)) for p in paths])
+    return [[str(p) for p in files] for files in per_rank]
+
+
+def assert_read_once_in_shares(results, total, world):
+    read = [r["stats"]["bytes_read"] for r in results]
+    assert sum(read) <= total + world * 8192, read  # storage read about once in total
+    for r in results:
+        assert r["stats"]["bytes_read"] + r["stats"]["bytes_received"] >= total
+        # Equal slices per unit: each rank reads about 1/world (plus tiny tensors' slack).
+        assert r["stats"]["bytes_read"] <= total / world * 1.1 + 4096, read
+
+
+# chunk_size 4096: units of world x 4 KiB, so the embedding straddles many units and slices.
+@pytest.mark.parametrize("world,copy,staged", [
+    (2, True, False), (2, False, False), (2, True, True), (2, False, True),
+    (3, True, False), (3, False, True)])
+def test_every_rank_gets_every_tensor_reading_a_share(tmp_path, checkpoint, world, copy, staged):
     paths, expected, total = checkpoint
-    results = run_ranks(tmp_path, [paths] * world, copy)
-    read = []
+    options = {"copy": copy, "chunk_size": 4096, "_force_staging": staged}
+    if not copy:
+        options["buffer_size"] = 96 << 10  # the ring wraps several times
+    if staged:
+        options["staging_size"] = 32 << 10
+    results = run_ranks(tmp_path, [paths] * world, options)
     for result in results:
         assert "error" not in result, result["error"]
         assert result["digests"] == expected  # bit-identical to a single-process load
         assert result["total"] == total
-        read.append(result["stats"]["bytes_read"])
-        assert result["stats"]["bytes_read"] + result["stats"]["bytes_received"] >= total
-    assert sum(read) <= total + world * 2 * 8192  # storage read about once in total
-    for share in read:
-        assert share < total * 0.8, read  # nobody reads (nearly) everything
+        assert result["warnings"] == []
+    assert_read_once_in_shares(results, total, world)
 
 
-def test_mismatched_files_raise_on_every_rank(tmp_path, checkpoint):
-    paths, _, _ = checkpoint
-    results = run_ranks(tmp_path, [paths, paths[:1]], copy=True, timeout=60)
+def test_keys_selection_exchanges_only_the_selected_tensors(tmp_path, checkpoint):
+    paths, expected, _ = checkpoint
+    keys = ["embed", "layer.3.weight", "tiny", "empty"]
+    results = run_ranks(tmp_path, [paths] * 2, {"keys": keys, "chunk_size": 4096})
     for result in results:
-        assert "error" in result, result
-        assert "ranks opened different checkpoints" in result["error"]
+        assert "error" not in result, result["error"]
+        assert result["digests"] == {k: expected[k] for k in keys}
+    assert sum(r["stats"]["bytes_read"] for r in results) <= results[0]["total"] + 2 * 8192
 
 
-def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path, checkpoint):
-    import shutil
+def test_a_group_without_a_backend_for_the_target_loads_locally_and_warns(tmp_path, checkpoint):
+    # "cuda:gloo" registers gloo for cuda only, like vLLM's NCCL device group; the target is
+    # the CPU, so there is nothing to exchange with: every rank reads everything, once warned.
+    paths, expected, total = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {"copy": True}, backend="cuda:gloo")
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert result["stats"]["bytes_read"] >= total
+        assert len(result["warnings"]) == 1, result["warnings"]
+        assert "no backend for cpu" in result["warnings"][0]
+        assert "cuda:gloo" in result["warnings"][0]
 
-    paths, _, _ = checkpoint
-    per_rank = []
-    for rank in range(2):  # identical copies, so the handshake passes
-        folder = tmp_path / f"copy{rank}"
-        folder.mkdir()
-        per_rank.append([shutil.copy(p, folder / os.path.basename(p)) for p in paths])
-    results = run_ranks(tmp_path, [[str(p) for p in r] for r in per_rank], copy=True,
-                        timeout=60, break_rank=1)
+
+def test_a_group_with_several_backends_uses_the_targets(tmp_path, checkpoint):
+    paths, expected, total = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {"copy": False, "chunk_size": 4096},
+                        backend="cpu:gloo,cuda:gloo")
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert result["warnings"] == []
+    assert_read_once_in_shares(results, total, 2)
+
+
+@pytest.mark.parametrize("backend", ["cuda:gloo", "cpu:gloo,cuda:gloo"])
+def test_the_vllm_iterator_with_a_device_group(tmp_path, checkpoint, backend):
+    # On a GPU machine vLLM passes its NCCL group and an int device; here the CPU target with a
+    # group of the same shape ("cuda:gloo": local reads and a warning) or with a CPU backend too.
+    paths, expected, total = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {}, backend=backend, vllm=True)
+    for rank, result in enumerate(results):
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert len(result["warnings"]) == (1 if backend == "cuda:gloo" else 0), result["warnings"]
+        if rank == 0:
+            [bar] = result["bars"]
+            assert bar["total"] == total and bar["done"] == total
+            assert bar["unit"] == "B" and bar["unit_scale"] and bar["unit_divisor"] == 1024
+        else:
+            assert result["bars"] == []  # one bar per load, on rank 0
+
+
+def test_mismatched_files_raise_at_the_handshake_then_the_group_works(tmp_path, checkpoint):
+    paths, expected, _ = checkpoint
+    results = run_ranks(tmp_path, [paths, paths[:1]], {"copy": True}, retry=True,
+                        retry_files=[paths, paths])
+    for result in results:
+        assert "ranks opened different checkpoints" in result.get("error", ""), result
+        assert result["retry"].get("digests") == expected, result["retry"]
+
+
+@pytest.mark.parametrize("world,staged", [(2, False), (3, True)])
+def test_an_injected_read_error_on_one_rank_raises_on_every_rank(tmp_path, checkpoint, world,
+                                                                 staged):
+    paths, expected, _ = checkpoint
+    options = {"copy": True, "chunk_size": 4096, "_force_staging": staged}
+    results = run_ranks(tmp_path, [paths] * world, options, timeout=120, fault_rank=1,
+                        fault_read=3, testing_library=fault_library(), retry=True,
+                        retry_files=[paths] * world)
+    assert "Input/output error" in results[1].get("error", ""), results[1]
+    for rank, result in enumerate(results):
+        assert result.get("error"), result
+        if rank != 1:
+            assert "rank 1 failed" in result["error"] and "Input/output error" in result["error"]
+        assert result["retry"].get("digests") == expected, result["retry"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_file_changed_on_one_rank_raises_on_every_rank(tmp_path, checkpoint, world):
+    paths, expected, _ = checkpoint
+    per_rank = copies_per_rank(tmp_path, paths, world)
+    results = run_ranks(tmp_path, per_rank, {"copy": True}, timeout=120, break_rank=1)
     assert "changed since it was opened" in results[1]["error"], results[1]
-    assert "rank 1 failed" in results[0]["error"], results[0]
+    for rank, result in enumerate(results):
+        if rank != 1:
+            assert "rank 1 failed" in result.get("error", ""), result

@@ -29,6 +29,15 @@ def copy_mode_from_environment() -> bool:
     raise ValueError(f"{COPY_VARIABLE}={value!r} is not valid; accepted values: '0' or '1'")
 
 
+def _is_first_rank(process_group: Any) -> bool:
+    """One progress bar per load: rank 0 of the group shows it, as vLLM's own iterators do."""
+    if process_group is None:
+        return True
+    import torch.distributed as dist
+
+    return dist.get_rank(process_group) == 0
+
+
 def _default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -56,10 +65,10 @@ def instanttensor_weights_iterator(
         keys=keys,
     ) as f:
         bar = None
-        if use_tqdm_on_load:
+        if use_tqdm_on_load and _is_first_rank(process_group):
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=f.total_tensor_size, unit="B", unit_scale=True,
+            bar = tqdm(total=f.total_tensor_size, unit="B", unit_scale=True, unit_divisor=1024,
                        desc="Loading safetensors (instanttensor)")
         try:
             for name, tensor in f.tensors():

@@ -1,0 +1,24 @@
+// Test-only operators, built with the tests and never installed: they let Python tests (one
+// process per rank) inject read faults through the C++ test API of ops/io/fault_injection.h.
+#include <torch/library.h>
+
+#include "io/fault_injection.h"
+
+namespace {
+
+// The `nth` read call from now on fails with `error` (an errno; 5 is EIO).
+void arm_read_fault(int64_t nth, int64_t error) {
+  instanttensor::io::FaultPlan plan;
+  plan.fail_read_number = nth;
+  plan.fail_errno = static_cast<int>(error);
+  instanttensor::io::arm_faults(plan);
+}
+
+void disarm_faults() { instanttensor::io::disarm_faults(); }
+
+}  // namespace
+
+TORCH_LIBRARY(instanttensor_testing, m) {
+  m.def("arm_read_fault(int nth, int error) -> ()", &arm_read_fault);
+  m.def("disarm_faults() -> ()", &disarm_faults);
+}
