@@ -6,7 +6,9 @@ torch is deliberately not a build requirement: pip would fetch a multi-GB CUDA b
 isolated environment, and the library must match the torch that will load it.
 """
 
+import hashlib
 import os
+import shlex
 import subprocess
 import sys
 
@@ -24,14 +26,17 @@ class CMakeBuild(build_py):
         import torch
         import torch.utils
 
-        build_dir = os.path.join(ROOT, "build", "python")
+        # One build folder per interpreter and torch: a CMake cache keeps the torch it found.
+        key = hashlib.sha1(f"{sys.prefix}:{torch.__version__}".encode()).hexdigest()[:12]
+        build_dir = os.path.join(ROOT, "build", f"python-{key}")
         os.makedirs(build_dir, exist_ok=True)
         generator = ["-G", "Ninja"] if _has_ninja() else []
         subprocess.check_call(
             ["cmake", ROOT, *generator, "-DCMAKE_BUILD_TYPE=Release",
              f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
              f"-DPython3_EXECUTABLE={sys.executable}",
-             "-DINSTANTTENSOR_BUILD_TESTS=OFF", "-DINSTANTTENSOR_BUILD_EXAMPLES=OFF"],
+             "-DINSTANTTENSOR_BUILD_TESTS=OFF", "-DINSTANTTENSOR_BUILD_EXAMPLES=OFF",
+             *shlex.split(os.environ.get("CMAKE_ARGS", ""))],  # extra CMake options, if any
             cwd=build_dir)
         jobs = str(max(1, os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", ".", "--target", "instanttensor", "-j", jobs],

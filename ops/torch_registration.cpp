@@ -145,6 +145,7 @@ class LoaderHolder : public torch::CustomClassHolder {
     out.insert("read_seconds", s.read_seconds);
     out.insert("wait_seconds", s.wait_seconds);
     out.insert("copy_seconds", s.copy_seconds);
+    out.insert("exchange_seconds", s.exchange_seconds);
     return out;
   }
   std::string backend() { return opened_.stats().backend; }

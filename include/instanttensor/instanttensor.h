@@ -71,6 +71,7 @@ struct Stats {
   double read_seconds = 0;         // time inside read calls, summed over workers
   double wait_seconds = 0;         // time the consumer waited for reads
   double copy_seconds = 0;         // materializations and copies on the consumer's thread
+  double exchange_seconds = 0;     // distributed: waiting on status rounds and all-gathers
   std::string backend;             // the read backend in use
 };
 

@@ -106,7 +106,7 @@ void Loader::open_exchange(const std::vector<size_t>& selected, const OpenOption
   }
   c10::Device where =
       place_ == loader::ExchangePlace::Host ? c10::Device(c10::DeviceType::CPU) : options_.device;
-  exchange_ = std::make_unique<loader::RankExchange>(group, where);
+  exchange_ = std::make_unique<loader::RankExchange>(group, where, place_);
   layout_ = loader::UnitLayout(chunk_size_, exchange_->world());
   // Before any data moves: every rank must load the same thing the same way.
   device_budget_ = exchange_->handshake(layout_digest(selected, options), device_budget_,
@@ -627,7 +627,9 @@ void Loader::exchange_group(size_t g, std::optional<Error> failure) {
         failure = e;
       }
     }
+    auto start = Clock::now();
     exchange_->check_statuses(failure, file);
+    stats_.exchange_seconds += seconds_since(start);
     auto unit = layout_.unit(group.length, u);
     own += unit.share_end(exchange_->rank()) - unit.share_begin(exchange_->rank());
     at::Tensor bytes =
@@ -701,7 +703,9 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
     return {t.name(), tensor_over(make_storage(c10::DataPtr(nullptr, empty_on), 0), dtype, shape)};
   }
   if (exchanging()) {
+    auto start = Clock::now();
     exchange_->wait_gathers();  // the consumer's stream (or the host) waits for the bytes
+    stats_.exchange_seconds += seconds_since(start);
   } else if (on_device) {
     group.landed_fence.block(stage_->streams().consumer());
   }

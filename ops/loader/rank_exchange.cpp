@@ -25,6 +25,13 @@ ExchangePlace choose_exchange_place(const std::vector<c10::DeviceType>& group_de
   return staged ? ExchangePlace::Device : ExchangePlace::Host;
 }
 
+GatherMethod choose_gather_method(ExchangePlace place, const std::string& backend_name,
+                                  c10::DeviceType device) {
+  if (backend_name != "gloo") return GatherMethod::AllGather;
+  return place == ExchangePlace::Host || device != c10::DeviceType::CPU ? GatherMethod::Broadcasts
+                                                                        : GatherMethod::AllGather;
+}
+
 std::string describe_backends(c10d::ProcessGroup& group) {
   std::string out;
   for (const auto& device : group.getDeviceTypes()) {
@@ -66,21 +73,25 @@ uint64_t UnitLayout::Unit::share_end(int rank) const {
   return std::min(end, begin + static_cast<uint64_t>(rank + 1) * slice);
 }
 
-RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device)
+RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device,
+                           ExchangePlace place)
     : group_(std::move(group)),
       backend_(group_->getBackend(device.type())),
       device_(device),
+      method_(choose_gather_method(place, backend_->getBackendName(), device.type())),
       rank_(group_->getRank()),
       world_(group_->getSize()) {}
 
 at::Tensor RankExchange::all_gather(const at::Tensor& contribution) {
   // Small control messages (handshake, statuses): through the same backend as the data, so a
   // device-only group (NCCL) needs nothing else; read back on the host (one sync).
+  // The list form of all-gather: every backend supports it, on every device type.
   c10::DeviceGuard guard(device_);
-  at::Tensor input = contribution.to(device_);
-  at::Tensor output = at::empty({input.numel() * world_}, input.options());
-  backend_->_allgather_base(output, input)->wait();
-  return output.cpu();
+  std::vector<at::Tensor> input = {contribution.to(device_)};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int r = 0; r < world_; ++r) output[0].push_back(at::empty_like(input[0]));
+  backend_->allgather(output, input)->wait();
+  return at::cat(output[0]).cpu();
 }
 
 uint64_t RankExchange::handshake(uint64_t digest, uint64_t budget, const std::string& file) {
@@ -135,8 +146,17 @@ void RankExchange::check_statuses(const std::optional<Error>& failure, const std
 
 void RankExchange::gather(at::Tensor unit) {
   int64_t slice = unit.numel() / world_;
-  at::Tensor share = unit.narrow(0, rank_ * slice, slice);
-  in_flight_.push_back(backend_->_allgather_base(unit, share));
+  if (method_ == GatherMethod::AllGather) {
+    at::Tensor share = unit.narrow(0, rank_ * slice, slice);
+    in_flight_.push_back(backend_->_allgather_base(unit, share));
+    return;
+  }
+  for (int root = 0; root < world_; ++root) {
+    std::vector<at::Tensor> share = {unit.narrow(0, root * slice, slice)};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    in_flight_.push_back(backend_->broadcast(share, options));
+  }
 }
 
 void RankExchange::wait_gathers() {

@@ -1,7 +1,7 @@
 """Side-by-side load benchmark: instanttensor, its peers and the physical ceilings, one run.
 
     python -m instanttensor bench [--size-gb 4] [--dir DIR | --checkpoint DIR] [--samples 3]
-                                  [--modes cold,warm] [--json PATH]
+                                  [--modes cold,warm] [--json PATH] [--ranks N [--copy]]
 
 Workload, identical for every contender: iterate all tensors and copy each into a preallocated
 destination of the same shape (what a model loader does), so every byte is touched. Each sample
@@ -10,6 +10,11 @@ Cold samples evict every file from the page cache first (posix_fadvise DONTNEED,
 mincore); warm samples read the files once beforehand. Ceilings, measured in the same run:
 an O_DIRECT sequential read of the same files at the same request size and depth (cold) and a
 memory copy of the same number of bytes (warm).
+
+With --ranks N: distributed loading over gloo on this machine, N processes in one group against
+one process, the same checkpoint and workload, interleaved: wall time (the slowest rank, from a
+barrier) and the share of the bytes each rank read. The ranks share this machine's disk, so no
+speed-up is possible here: the question is how close N ranks come to one process.
 """
 
 from __future__ import annotations
@@ -198,6 +203,93 @@ def _worker(name: str, files: list[str]) -> dict:
     return {"seconds": seconds, "peak_rss_mb": peak_kb / 1024}
 
 
+def _rank_worker(rank: int, world: int, store: str, copy: bool, files: list[str]) -> dict:
+    """One rank of a --ranks sample: loads the checkpoint over a gloo group, timed between
+    barriers, with the same copy-into-destination workload."""
+    import torch.distributed as dist
+
+    from . import safe_open
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    dest = _destinations(files)
+    dist.barrier()
+    start = time.perf_counter()
+    with safe_open(files, process_group=dist.group.WORLD if world > 1 else None, copy=copy) as f:
+        for name, tensor in f.tensors():
+            dest[name].copy_(tensor)
+        stats = f.stats()
+    seconds = time.perf_counter() - start
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"seconds": seconds, "bytes_read": stats["bytes_read"]}
+
+
+def _sample_ranks(world: int, copy: bool, files: list[str]) -> dict:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        store = os.path.join(folder, "store")
+        procs = [subprocess.Popen([sys.executable, "-m", "instanttensor.bench", "--rank-worker",
+                                   f"{rank},{world},{store},{int(copy)}", "--files", *files],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(world)]
+        outputs = [p.communicate(timeout=900) for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        last = [(err.strip().splitlines() or ["failed"])[-1] for _, err in outputs]
+        return {"error": "; ".join(last)[:200]}
+    ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    return {"seconds": max(r["seconds"] for r in ranks), "bytes_read": [r["bytes_read"] for r in ranks]}
+
+
+def run_ranks(args: argparse.Namespace) -> int:
+    """--ranks N: one process against N ranks, interleaved, cold and warm."""
+    files = checkpoint_files(args)
+    total = sum(os.path.getsize(f) for f in files)
+    worlds = [1, args.ranks]
+    results: dict = {"files": files, "bytes": total, "samples": args.samples, "copy": args.copy,
+                     "ranks": args.ranks, "modes": {}}
+    for mode in [m for m in args.modes.split(",") if m]:
+        table = {world: {"samples": []} for world in worlds}
+        for round_index in range(args.samples):
+            for world in worlds:
+                if "error" in table[world]:
+                    continue
+                evict(files) if mode == "cold" else warm_up(files)
+                print(f"\r[{mode} {round_index + 1}/{args.samples}] {world} rank(s)   ", end="",
+                      flush=True)
+                sample = _sample_ranks(world, args.copy, files)
+                if "error" in sample:
+                    table[world]["error"] = sample["error"]
+                else:
+                    table[world]["samples"].append(sample)
+        print("\r" + " " * 60 + "\r", end="")
+        print(f"\n{mode}, copy={args.copy} ({total / 1e9:.2f} GB in {len(files)} files, "
+              f"median of {args.samples}, gloo on this machine):")
+        print(f"  {'load':14s} {'seconds':>8s} {'GB/s':>6s} {'x 1 process':>11s}  "
+              f"bytes read per rank (share of the checkpoint)")
+        single = None
+        for world, row in table.items():
+            if not row["samples"]:
+                print(f"  {world} rank(s)      n/a  {row.get('error', '')}")
+                continue
+            row["seconds"] = statistics.median(s["seconds"] for s in row["samples"])
+            row["gb_per_s"] = total / row["seconds"] / 1e9
+            row["share_read"] = [statistics.median(s["bytes_read"][r] for s in row["samples"]) / total
+                                 for r in range(world)]
+            single = row["seconds"] if world == 1 else single
+            row["x_single"] = row["seconds"] / single if single else None
+            ratio = f"{row['x_single']:11.2f}" if row["x_single"] else f"{'-':>11s}"
+            shares = ", ".join(f"{s:.2f}" for s in row["share_read"])
+            print(f"  {str(world) + ' rank(s)':14s} {row['seconds']:8.2f} {row['gb_per_s']:6.2f} "
+                  f"{ratio}  {shares}")
+        results["modes"][mode] = {str(w): r for w, r in table.items()}
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 # -- driver ------------------------------------------------------------------------------------
 def _sample(name: str, files: list[str]) -> dict:
     done = subprocess.run([sys.executable, "-m", "instanttensor.bench", "--worker", name,
@@ -242,6 +334,8 @@ def checkpoint_files(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ranks:
+        return run_ranks(args)
     files = checkpoint_files(args)
     total = sum(os.path.getsize(f) for f in files)
     modes = [m for m in args.modes.split(",") if m]
@@ -312,14 +406,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="cold,warm")
     parser.add_argument("--only", default=None, help="comma list of contender names")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
+    parser.add_argument("--ranks", type=int, default=0,
+                        help="compare N ranks over gloo with one process instead of the peers")
+    parser.add_argument("--copy", action="store_true", help="with --ranks: copy=True (default: "
+                        "copy=False, borrowed views)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m instanttensor bench")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--files", nargs="*", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rank-worker", default=None, help=argparse.SUPPRESS)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.rank_worker:
+        rank, world, store, copy = args.rank_worker.split(",")
+        print(json.dumps(_rank_worker(int(rank), int(world), store, copy == "1", args.files)))
+        return 0
     if args.worker:
         print(json.dumps(_worker(args.worker, args.files)))
         return 0

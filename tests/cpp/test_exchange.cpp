@@ -26,6 +26,16 @@ TEST(ExchangePlace, TheBackendForTheTargetsDeviceTypeOrLocal) {
   EXPECT_EQ(choose_exchange_place({}, DeviceType::CPU, false), ExchangePlace::Local);
 }
 
+TEST(GatherMethod, AllGatherExceptWhereGlooDoesBetterWithBroadcasts) {
+  const auto cpu = DeviceType::CPU, cuda = DeviceType::CUDA;
+  EXPECT_EQ(choose_gather_method(ExchangePlace::Device, "nccl", cuda), GatherMethod::AllGather);
+  // The device ring on the CPU (tests): the all-gather NCCL takes on GPUs.
+  EXPECT_EQ(choose_gather_method(ExchangePlace::Device, "gloo", cpu), GatherMethod::AllGather);
+  EXPECT_EQ(choose_gather_method(ExchangePlace::Device, "gloo", cuda), GatherMethod::Broadcasts);
+  EXPECT_EQ(choose_gather_method(ExchangePlace::Host, "gloo", cpu), GatherMethod::Broadcasts);
+  EXPECT_EQ(choose_gather_method(ExchangePlace::Host, "mpi", cpu), GatherMethod::AllGather);
+}
+
 TEST(UnitLayout, EqualSlicesCoverEveryByteOnceWithBoundedPadding) {
   for (int world : {1, 2, 3, 8}) {
     for (uint64_t chunk : {64ull, 4096ull, 1000ull, 8ull << 20}) {
