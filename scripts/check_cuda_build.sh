@@ -24,7 +24,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "== installing torch==$TORCH_CUDA_VERSION (CUDA build) into $VENV"
   "$PY" -m pip install -q "torch==$TORCH_CUDA_VERSION"
 fi
-"$PY" -m pip install -q setuptools wheel safetensors
+"$PY" -m pip install -q setuptools wheel safetensors numpy
 "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 'not a CUDA build of torch')"
 TORCH_PREFIX=$("$PY" -c "import torch.utils; print(torch.utils.cmake_prefix_path)")
 TORCH_LIB=$("$PY" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")

@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <tuple>
 
 #include "instanttensor/error.h"
 
@@ -53,43 +53,208 @@ bool is_valid_utf8(const unsigned char* s, uint64_t n) {
   return true;
 }
 
-bool is_non_negative_integer(const json& value) { return value.is_number_unsigned(); }
+// Builds the entries straight from the parser's events: no DOM, so time is linear in the header
+// and memory a small multiple of it (the callback DOM parser walked the root object at every
+// nested object's end: quadratic in the number of tensors). Any rule broken throws Error(Format).
+class HeaderSax : public nlohmann::json_sax<json> {
+ public:
+  HeaderSax(const std::string& file, FileHeader& header) : file_(file), header_(header) {}
 
-TensorEntry parse_entry(const std::string& file, const std::string& name, const json& info) {
-  const std::string rule = "InvalidHeaderDeserialization";
-  if (!info.is_object()) fail(file, name, rule, "entry is not a JSON object");
-  auto dtype_it = info.find("dtype");
-  auto shape_it = info.find("shape");
-  auto offsets_it = info.find("data_offsets");
-  if (dtype_it == info.end()) fail(file, name, rule, "missing field 'dtype'");
-  if (shape_it == info.end()) fail(file, name, rule, "missing field 'shape'");
-  if (offsets_it == info.end()) fail(file, name, rule, "missing field 'data_offsets'");
-  if (!dtype_it->is_string()) fail(file, name, rule, "'dtype' is not a string");
-  auto dtype = dtype_from_name(dtype_it->get<std::string>());
-  if (!dtype) fail(file, name, rule, "unknown dtype '" + dtype_it->get<std::string>() + "'");
-  if (!shape_it->is_array()) fail(file, name, rule, "'shape' is not an array");
-  TensorEntry entry;
-  entry.name = name;
-  entry.dtype = *dtype;
-  for (const auto& dim : *shape_it) {
-    if (!is_non_negative_integer(dim)) {
-      fail(file, name, rule, "'shape' holds " + dim.dump() + ", not a non-negative integer");
+  bool null() override { return scalar("null"); }
+  bool boolean(bool value) override { return scalar(value ? "true" : "false"); }
+  bool number_integer(number_integer_t value) override { return scalar(std::to_string(value)); }
+  bool number_unsigned(number_unsigned_t value) override {
+    if (depth_ == 3 && (field_ == Field::Shape || field_ == Field::Offsets) && skip_ == 0) {
+      auto& list = field_ == Field::Shape ? entry_.shape : offsets_;
+      if (field_ == Field::Shape && list.size() == kMaxDims) {
+        fail(file_, entry_.name, kRule,
+             "'shape' has more than " + std::to_string(kMaxDims) + " dimensions");
+      }
+      list.push_back(value);
+      return true;
     }
-    entry.shape.push_back(dim.get<uint64_t>());
+    return scalar(std::to_string(value));
   }
-  if (!offsets_it->is_array() || offsets_it->size() != 2) {
-    fail(file, name, rule, "'data_offsets' is not an array of exactly two integers");
-  }
-  for (const auto& offset : *offsets_it) {
-    if (!is_non_negative_integer(offset)) {
-      fail(file, name, rule,
-           "'data_offsets' holds " + offset.dump() + ", not a non-negative integer");
+  bool number_float(number_float_t, const string_t& text) override { return scalar(text); }
+  bool string(string_t& value) override {
+    if (depth_ == 2 && in_metadata_) {
+      header_.metadata[metadata_key_] = std::move(value);
+      return true;
     }
+    if (depth_ == 2 && field_ == Field::Dtype && skip_ == 0) {
+      auto dtype = dtype_from_name(value);
+      if (!dtype) fail(file_, entry_.name, kRule, "unknown dtype '" + value + "'");
+      entry_.dtype = *dtype;
+      return true;
+    }
+    return scalar("\"" + value + "\"");
   }
-  entry.data_begin = (*offsets_it)[0].get<uint64_t>();
-  entry.data_end = (*offsets_it)[1].get<uint64_t>();
-  return entry;
-}
+  bool binary(binary_t&) override { return scalar("binary"); }
+
+  bool start_object(std::size_t) override { return open('{'); }
+  bool start_array(std::size_t) override { return open('['); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+
+  bool key(string_t& key) override {
+    if (skip_ > 0) return true;
+    if (depth_ == 1) {
+      if (key == "__metadata__") {
+        if (seen_metadata_) fail(file_, "", kRule, "'__metadata__' appears twice");
+        seen_metadata_ = true;
+        top_key_ = TopKey::Metadata;
+      } else {
+        top_key_ = TopKey::Tensor;
+        entry_ = TensorEntry();
+        entry_.name = std::move(key);
+        seen_fields_ = 0;
+        offsets_.clear();
+      }
+      return true;
+    }
+    if (depth_ == 2 && in_metadata_) {
+      metadata_key_ = std::move(key);
+      return true;
+    }
+    if (depth_ == 2) {  // a field of a tensor entry
+      field_ = key == "dtype"          ? Field::Dtype
+               : key == "shape"        ? Field::Shape
+               : key == "data_offsets" ? Field::Offsets
+                                       : Field::Other;
+      if (field_ != Field::Other) {
+        unsigned bit = 1u << static_cast<unsigned>(field_);
+        if (seen_fields_ & bit)
+          fail(file_, entry_.name, kRule, "field '" + key + "' appears twice");
+        seen_fields_ |= bit;
+      }
+    }
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    fail(file_, "", kRule, std::string("header is not valid JSON: ") + e.what());
+  }
+
+ private:
+  enum class TopKey { Metadata, Tensor };
+  enum class Field : unsigned { Dtype = 0, Shape = 1, Offsets = 2, Other = 3 };
+  static constexpr const char* kRule = "InvalidHeaderDeserialization";
+  // Not a rule of the reference reader (it has no cap): a bound on what one entry may cost.
+  static constexpr size_t kMaxDims = 1024;
+
+  // A value that is not an object or array, where the grammar of the header wants something.
+  bool scalar(const std::string& text) {
+    if (skip_ > 0) return true;
+    if (depth_ == 0) fail(file_, "", kRule, "header is not a JSON object");
+    if (depth_ == 1) {
+      if (top_key_ == TopKey::Metadata) {
+        if (text == "null") return true;  // as the reference: no metadata
+        fail(file_, "", kRule, "'__metadata__' is not an object");
+      }
+      fail(file_, entry_.name, kRule, "entry is not a JSON object");
+    }
+    if (depth_ == 2 && in_metadata_) {
+      fail(file_, "", kRule, "'__metadata__' value of '" + metadata_key_ + "' is not a string");
+    }
+    if (depth_ == 2) return field_value();
+    // depth 3: an element of shape or data_offsets that is not a non-negative integer
+    fail(file_, entry_.name, kRule,
+         std::string(field_ == Field::Shape ? "'shape'" : "'data_offsets'") + " holds " + text +
+             ", not a non-negative integer");
+  }
+
+  // The value of a known field has the wrong type (an unknown field's value is skipped).
+  bool field_value() {
+    switch (field_) {
+      case Field::Dtype:
+        fail(file_, entry_.name, kRule, "'dtype' is not a string");
+      case Field::Shape:
+        fail(file_, entry_.name, kRule, "'shape' is not an array");
+      case Field::Offsets:
+        fail(file_, entry_.name, kRule, "'data_offsets' is not an array of exactly two integers");
+      case Field::Other:
+        break;  // unknown fields are ignored, as the reference does
+    }
+    return true;
+  }
+
+  bool open(char kind) {
+    if (skip_ > 0) {
+      ++skip_;
+      return true;
+    }
+    if (depth_ == 0) {
+      if (kind != '{') fail(file_, "", kRule, "header is not a JSON object");
+    } else if (depth_ == 1) {
+      if (top_key_ == TopKey::Metadata) {
+        if (kind != '{') fail(file_, "", kRule, "'__metadata__' is not an object");
+        in_metadata_ = true;
+        header_.has_metadata = true;
+      } else if (kind != '{') {
+        fail(file_, entry_.name, kRule, "entry is not a JSON object");
+      }
+    } else if (depth_ == 2) {
+      if (in_metadata_) {
+        fail(file_, "", kRule, "'__metadata__' value of '" + metadata_key_ + "' is not a string");
+      }
+      if (field_ == Field::Other) {
+        skip_ = 1;  // an unknown field's value, whatever it holds
+        return true;
+      }
+      if (kind == '{' || field_ == Field::Dtype) field_value();
+    } else {  // depth 3: inside shape or data_offsets
+      fail(file_, entry_.name, kRule,
+           std::string(field_ == Field::Shape ? "'shape'" : "'data_offsets'") + " holds " +
+               (kind == '{' ? "an object" : "an array") + ", not a non-negative integer");
+    }
+    ++depth_;
+    return true;
+  }
+
+  bool close() {
+    if (skip_ > 0) {
+      --skip_;
+      return true;
+    }
+    --depth_;
+    if (depth_ == 1 && in_metadata_) {
+      in_metadata_ = false;
+    } else if (depth_ == 1) {
+      finish_entry();
+    } else if (depth_ == 2 && field_ == Field::Offsets) {
+      if (offsets_.size() != 2) {
+        fail(file_, entry_.name, kRule, "'data_offsets' is not an array of exactly two integers");
+      }
+    }
+    return true;
+  }
+
+  void finish_entry() {
+    for (auto [field, name] : {std::pair{Field::Dtype, "dtype"},
+                               {Field::Shape, "shape"},
+                               {Field::Offsets, "data_offsets"}}) {
+      if (!(seen_fields_ & (1u << static_cast<unsigned>(field)))) {
+        fail(file_, entry_.name, kRule, std::string("missing field '") + name + "'");
+      }
+    }
+    entry_.data_begin = offsets_[0];
+    entry_.data_end = offsets_[1];
+    header_.tensors.push_back(std::move(entry_));
+  }
+
+  const std::string& file_;
+  FileHeader& header_;
+  int depth_ = 0;
+  int skip_ = 0;  // nesting inside an ignored value
+  TopKey top_key_ = TopKey::Tensor;
+  bool seen_metadata_ = false;
+  bool in_metadata_ = false;
+  std::string metadata_key_;
+  TensorEntry entry_;
+  Field field_ = Field::Other;
+  unsigned seen_fields_ = 0;
+  std::vector<uint64_t> offsets_;
+};
 
 }  // namespace
 
@@ -124,57 +289,35 @@ FileHeader parse_header_json(const std::string& file_name, const char* text, uin
   if (std::memchr(text, '\0', length) != nullptr) {
     fail(file_name, "", "InvalidHeaderDeserialization", "header holds a NUL byte (NUL padding?)");
   }
-  // The callback sees every top-level key before nlohmann's object insert would let a second
-  // definition silently replace the first.
-  std::set<std::string> seen_keys;
-  json::parser_callback_t reject_duplicates = [&](int depth, json::parse_event_t event,
-                                                  json& parsed) {
-    if (event == json::parse_event_t::key && depth == 1) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (!seen_keys.insert(key).second) {
-        if (key == "__metadata__") {
-          fail(file_name, "", "InvalidHeaderDeserialization", "'__metadata__' appears twice");
-        }
-        fail(file_name, key, "DuplicateTensorName", "the name is defined twice in the header");
-      }
-    }
-    return true;
-  };
-  json root;
-  try {
-    root = json::parse(text, text + length, reject_duplicates, /*allow_exceptions=*/true);
-  } catch (const json::exception& e) {
+  // nlohmann's lexer skips a byte-order mark; the reference reader's JSON parser does not.
+  if (length >= 3 && std::memcmp(text, "\xEF\xBB\xBF", 3) == 0) {
     fail(file_name, "", "InvalidHeaderDeserialization",
-         std::string("header is not valid JSON: ") + e.what());
+         "header starts with a UTF-8 byte-order mark");
   }
-  if (!root.is_object()) {
-    fail(file_name, "", "InvalidHeaderDeserialization", "header is not a JSON object");
-  }
-
   FileHeader header;
   header.header_length = length;
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) {
-        fail(file_name, "", "InvalidHeaderDeserialization", "'__metadata__' is not an object");
-      }
-      header.has_metadata = true;
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) {
-          fail(file_name, "", "InvalidHeaderDeserialization",
-               "'__metadata__' value of '" + m.key() + "' is not a string");
-        }
-        header.metadata[m.key()] = m->get<std::string>();
-      }
-      continue;
+  HeaderSax sax(file_name, header);
+  json::sax_parse(text, text + length, &sax, json::input_format_t::json, /*strict=*/true);
+  // Duplicate names: the reference keeps the last definition silently; a second definition is
+  // how a file can smuggle different bytes past another reader, so it is an error here.
+  std::vector<const TensorEntry*> by_name;
+  by_name.reserve(header.tensors.size());
+  for (const auto& entry : header.tensors) by_name.push_back(&entry);
+  std::sort(by_name.begin(), by_name.end(),
+            [](const TensorEntry* a, const TensorEntry* b) { return a->name < b->name; });
+  for (size_t i = 1; i < by_name.size(); ++i) {
+    if (by_name[i]->name == by_name[i - 1]->name) {
+      fail(file_name, by_name[i]->name, "DuplicateTensorName",
+           "the name is defined twice in the header");
     }
-    header.tensors.push_back(parse_entry(file_name, it.key(), *it));
   }
 
-  std::stable_sort(
-      header.tensors.begin(), header.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
-        return std::make_pair(a.data_begin, a.data_end) < std::make_pair(b.data_begin, b.data_end);
-      });
+  // Storage order; empty tensors sharing an offset in name order, whatever the document order.
+  std::sort(header.tensors.begin(), header.tensors.end(),
+            [](const TensorEntry& a, const TensorEntry& b) {
+              return std::tie(a.data_begin, a.data_end, a.name) <
+                     std::tie(b.data_begin, b.data_end, b.name);
+            });
   uint64_t start = 0;
   for (const auto& entry : header.tensors) {
     if (entry.data_begin != start || entry.data_end < entry.data_begin) {
