@@ -17,11 +17,21 @@ int64_t mtime_of(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "directory";
+  if (S_ISFIFO(mode)) return "named pipe (FIFO)";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  if (S_ISSOCK(mode)) return "socket";
+  return "special file";
+}
+
 CheckpointFile open_file(const std::string& path) {
   CheckpointFile file;
   file.path = path;
+  // O_NONBLOCK: opening a named pipe for reading would otherwise wait for a writer forever.
   do {
-    file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (file.fd < 0 && errno == EINTR);
   if (file.fd < 0) throw system_error(errno, path, "cannot open");
   struct stat st {};
@@ -32,8 +42,11 @@ CheckpointFile open_file(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(file.fd);
-    throw Error(ErrorKind::Argument, path, "", "not a regular file (a directory?)");
+    throw Error(ErrorKind::Argument, path, "",
+                std::string("not a regular file: it is a ") + file_kind(st.st_mode));
   }
+  // A regular file: back to ordinary blocking reads.
+  ::fcntl(file.fd, F_SETFL, ::fcntl(file.fd, F_GETFL) & ~O_NONBLOCK);
   file.size = static_cast<uint64_t>(st.st_size);
   file.device = st.st_dev;
   file.inode = st.st_ino;

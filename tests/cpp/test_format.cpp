@@ -433,11 +433,21 @@ TEST(CheckpointIndex, FileErrorsCarryKindAndNameAndLeakNoFd) {
     EXPECT_EQ(e.kind(), ErrorKind::NotFound);
     EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos);
   }
-  try {
-    format::Checkpoint directory({dir.path()});
-    ADD_FAILURE();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(dir.path()), std::string::npos);
+  std::string fifo = dir.file("pipe.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Not regular files: refused at once, naming what they are (a FIFO must not block the open).
+  for (auto [path, what] : {std::pair{dir.path(), "directory"},
+                            {fifo, "named pipe (FIFO)"},
+                            {std::string("/dev/zero"), "character device"}}) {
+    try {
+      format::Checkpoint special({path});
+      ADD_FAILURE() << path;
+    } catch (const Error& e) {
+      std::string message = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::Argument) << message;
+      EXPECT_NE(message.find(path), std::string::npos) << message;
+      EXPECT_NE(message.find(std::string("it is a ") + what), std::string::npos) << message;
+    }
   }
   std::string good = dir.file("good.safetensors");
   std::string bad = dir.file("zbad.safetensors");

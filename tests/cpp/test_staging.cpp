@@ -123,6 +123,24 @@ TEST(Staging, TensorsLargerThanTheStagingRingStreamThroughItInSlices) {
   }
 }
 
+TEST(Staging, HostFallbackWithBorrowingSizesTheDeviceRingForTheTensorsThatGoThere) {
+  TempDir dir;
+  auto model = write_model(dir);
+  // The largest tensor exceeds the budget: it stays on the host, and the device ring is sized
+  // (and checked) for the others, instead of refusing the buffer before fallback is considered.
+  OpenOptions options = staged(false, 64 << 10);
+  options.device_budget = static_cast<int64_t>(model.largest - 1);
+  options.host_fallback = true;
+  SafeOpen f(model.files, options);
+  EXPECT_LE(f.buffer_size(), model.largest - 1);
+  size_t seen = 0;
+  for (auto& [name, tensor] : f) {
+    EXPECT_TRUE(at::equal(tensor, model.tensors.at(name))) << name;
+    ++seen;
+  }
+  EXPECT_EQ(seen, model.tensors.size());
+}
+
 TEST(Staging, DefaultDeviceBufferFitsTheBudgetItWasCheckedAgainst) {
   TempDir dir;
   auto model = write_model(dir);

@@ -78,6 +78,9 @@ def test_every_hostile_file_raises_in_a_subprocess(tmp_path):
         paths[label] = str(path)
     paths["missing"] = str(tmp_path / "missing.safetensors")
     paths["directory"] = str(tmp_path)
+    paths["fifo"] = str(tmp_path / "pipe.safetensors")
+    os.mkfifo(paths["fifo"])  # no writer: a blocking open would wait forever
+    paths["character device"] = "/dev/zero"
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(paths)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -88,6 +91,9 @@ def test_every_hostile_file_raises_in_a_subprocess(tmp_path):
         assert path in message, (label, message)
         expected = {"missing": "FileNotFoundError"}.get(label, "ValueError")
         assert kind == expected, (label, kind, message)
+    for label, what in (("directory", "a directory"), ("fifo", "a named pipe (FIFO)"),
+                        ("character device", "a character device")):
+        assert f"not a regular file: it is {what}" in results[label][1], results[label]
 
 
 def test_f6_names_tensor_and_dtype(tmp_path):
