@@ -103,7 +103,10 @@ uint64_t RankExchange::handshake(uint64_t digest, uint64_t budget, const std::st
   std::string differing;
   uint64_t smallest = budget;
   for (int r = 0; r < world_; ++r) {
-    if (values[2 * r] != values[0]) differing += " " + std::to_string(r);
+    if (values[2 * r] != values[0]) {
+      differing += ' ';  // not " " + ...: GCC 12's -Wrestrict misfires on it in C++20
+      differing += std::to_string(r);
+    }
     smallest = std::min(smallest, static_cast<uint64_t>(values[2 * r + 1]));
   }
   if (!differing.empty()) {
