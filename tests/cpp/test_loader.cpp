@@ -275,7 +275,10 @@ TEST(Loader, MisalignedDataStillYieldsACorrectAlignedTensor) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(tensor.data_ptr()) % 4, 0u);
     }
     EXPECT_TRUE(same_bytes(f.get_tensor("x"), x));
-    EXPECT_GE(f.stats().misaligned_copies, copy ? 0u : 1u);
+    // Buffered reads land each tensor where its own storage (copy) or its file alignment (the
+    // borrow ring) puts it; O_DIRECT reads land on a block, where x sits at file offset % block.
+    bool direct = f.stats().backend.find("O_DIRECT") != std::string::npos;
+    EXPECT_EQ(f.stats().misaligned_copies, direct ? 2u : (copy ? 0u : 1u)) << f.stats().backend;
   }
 }
 

@@ -42,7 +42,9 @@ def test_torch_compile_fullgraph_matches_eager(model_files, dynamic):
         return torch.relu(x @ w.t() + b)
 
     x = torch.randn(5, 32)
-    expected = forward(x)
+    # The expected value comes from the reference tensors, not from the op under test.
+    expected = torch.relu(x @ tensors["layers.0.attn.weight"].t() + tensors["layers.0.norm.weight"])
+    assert torch.allclose(forward(x), expected)
     compiled = torch.compile(forward, fullgraph=True, dynamic=dynamic, backend="inductor")
     assert torch.allclose(compiled(x), expected)
     assert compiled(torch.randn(7, 32)).shape == (7, 32)  # another batch size still runs
