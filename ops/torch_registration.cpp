@@ -52,24 +52,6 @@ std::string build_info() {
          INSTANTTENSOR_TORCH_VERSION;
 }
 
-// Keeps the warnings raised while a checkpoint opens (a group that cannot exchange, say), so the
-// Python layer can re-raise them as Python warnings; C++ programs see them through c10's handler.
-class CollectWarnings : public c10::WarningHandler {
- public:
-  explicit CollectWarnings(std::vector<std::string>& into) : into_(into) {}
-  void process(const c10::Warning& warning) override { into_.push_back(warning.msg()); }
-
- private:
-  std::vector<std::string>& into_;
-};
-
-SafeOpen open_collecting_warnings(std::vector<std::string> files, const OpenOptions& options,
-                                  std::vector<std::string>& warnings) {
-  CollectWarnings collect(warnings);
-  c10::WarningUtils::WarningHandlerGuard guard(&collect);
-  return SafeOpen(std::move(files), options);
-}
-
 // torch.classes.instanttensor.Loader: SafeOpen for Python and TorchScript. Methods run without
 // the GIL; SafeOpen serializes concurrent calls.
 class LoaderHolder : public torch::CustomClassHolder {
@@ -81,29 +63,29 @@ class LoaderHolder : public torch::CustomClassHolder {
                std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> process_group,
                std::optional<int64_t> staging_size, std::optional<int64_t> device_budget,
                bool host_fallback, bool force_staging)
-      : opened_(open_collecting_warnings(
-            std::move(files),
-            [&] {
-              OpenOptions options;
-              options.device = device;
-              options.copy = copy;
-              options.keys = std::move(keys);
-              options.buffer_size = buffer_size;
-              options.chunk_size = chunk_size;
-              options.concurrency = concurrency;
-              options.io_depth = io_depth;
-              options.backend = std::move(backend);
-              if (process_group) options.process_group = *process_group;
-              options.staging_size = staging_size;
-              options.device_budget = device_budget;
-              options.host_fallback = host_fallback;
-              options.force_staging = force_staging;
-              return options;
-            }(),
-            open_warnings_)) {}
+      : opened_(std::move(files), [&] {
+          OpenOptions options;
+          options.device = device;
+          options.copy = copy;
+          options.keys = std::move(keys);
+          options.buffer_size = buffer_size;
+          options.chunk_size = chunk_size;
+          options.concurrency = concurrency;
+          options.io_depth = io_depth;
+          options.backend = std::move(backend);
+          if (process_group) options.process_group = *process_group;
+          options.staging_size = staging_size;
+          options.device_budget = device_budget;
+          options.host_fallback = host_fallback;
+          options.force_staging = force_staging;
+          // The Python layer raises open_warnings() as Python warnings; c10's handler (stderr)
+          // would say it a second time.
+          options.print_warnings = false;
+          return options;
+        }()) {}
 
-  // What opening warned about, for the Python layer to re-raise (empty from C++ programs).
-  std::vector<std::string> open_warnings() { return open_warnings_; }
+  // What opening warned about, for the Python layer to raise as Python warnings.
+  std::vector<std::string> open_warnings() { return opened_.warnings(); }
 
   std::vector<std::string> keys() { return opened_.keys(); }
   std::vector<std::string> offset_keys() { return opened_.offset_keys(); }
@@ -203,7 +185,6 @@ class LoaderHolder : public torch::CustomClassHolder {
     }
   }
 
-  std::vector<std::string> open_warnings_;  // before opened_: filled while it is built
   SafeOpen opened_;
 };
 

@@ -50,6 +50,11 @@ struct OpenOptions {
   // naming it, before anything is allocated, or with host_fallback a CPU tensor.
   std::optional<int64_t> device_budget;
   bool host_fallback = false;
+  // What opening warns about (a process group that cannot exchange for this target, so every
+  // rank reads everything) is kept in SafeOpen::warnings(); with print_warnings it also goes to
+  // c10's warning handler once per process (stderr in a C++ program). The Python layer turns
+  // warnings() into Python warnings instead.
+  bool print_warnings = true;
 };
 
 struct TensorMetadata {
@@ -116,6 +121,8 @@ class SafeOpen {
   std::optional<std::pair<std::string, at::Tensor>> next();
 
   Stats stats() const;
+  // What opening warned about, in order (empty when nothing did). Any thread.
+  std::vector<std::string> warnings() const;
   uint64_t total_tensor_size() const;  // bytes of the selected tensors
   uint64_t buffer_size() const;
   bool copy() const;

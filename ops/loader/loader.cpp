@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "loader/memory_plan.h"
 #include "loader/storage_views.h"
 #include "loader/torch_dtype.h"
 #include "pool/host_buffer.h"
@@ -31,12 +32,7 @@ double seconds_since(Clock::time_point start) {
 constexpr uint64_t kShareTag = 1ull << 62;
 constexpr uint64_t kRandomAccessTag = 1ull << 63;
 constexpr uint64_t kRingAlignment = 64;
-constexpr uint64_t kDeviceAlignment = 256;  // what device allocators hand out
 constexpr uint64_t kDefaultChunk = 8ull << 20;
-constexpr uint64_t kDefaultReadAhead = 256ull << 20;
-// The staging ring: a few chunks, a power of two (the pinned allocator rounds up to one).
-constexpr uint64_t kDefaultStaging = 64ull << 20;
-constexpr uint64_t kMinStaging = 32ull << 10;
 // O_DIRECT widening assumed when every rank must size alike (alignments differ per filesystem).
 constexpr uint64_t kMaxDirectAlignment = 4096;
 constexpr int kDefaultConcurrency = 4;
@@ -99,114 +95,53 @@ void Loader::open_exchange(const std::vector<size_t>& selected, const OpenOption
   for (const auto& device : group->getDeviceTypes()) types.push_back(device.type());
   place_ = loader::choose_exchange_place(types, options_.device.type(), staged_);
   if (place_ == loader::ExchangePlace::Local) {
-    TORCH_WARN_ONCE("instanttensor: the process group has no backend for ", options_.device.type(),
-                    " tensors (its backends: ", loader::describe_backends(*group),
-                    "); every rank reads the whole checkpoint itself");
+    warnings_.push_back(c10::str("instanttensor: the process group has no backend for ",
+                                 options_.device.type(),
+                                 " tensors (its backends: ", loader::describe_backends(*group),
+                                 "); every rank reads the whole checkpoint itself"));
+    if (options.print_warnings) {
+      TORCH_WARN_ONCE(warnings_.back());
+    }
     return;
   }
   c10::Device where =
       place_ == loader::ExchangePlace::Host ? c10::Device(c10::DeviceType::CPU) : options_.device;
   exchange_ = std::make_unique<loader::RankExchange>(group, where, place_);
-  layout_ = loader::UnitLayout(chunk_size_, exchange_->world());
   // Before any data moves: every rank must load the same thing the same way.
   device_budget_ = exchange_->handshake(layout_digest(selected, options), device_budget_,
                                         checkpoint_->files()[0].path);
 }
 
 void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& options) {
-  // Tensors bound for the device, and the largest of each kind.
   const auto& tensors = checkpoint_->tensors();
-  auto falls_back = [&](uint64_t nbytes) { return host_fallback_ && nbytes > device_budget_; };
-  uint64_t largest = 0, total = 0, largest_device = 0, total_device = 0;
-  size_t largest_index = 0, largest_device_index = 0;
-  for (size_t index : selected) {
-    uint64_t nbytes = tensors[index].nbytes;
-    total += nbytes;
-    if (nbytes >= largest) largest = nbytes, largest_index = index;
-    if (!falls_back(nbytes)) {
-      total_device += nbytes;
-      if (nbytes >= largest_device) largest_device = nbytes, largest_device_index = index;
-    }
-  }
-  auto refuse = [&](size_t index, const std::string& what, uint64_t have, uint64_t need) {
-    const auto& t = tensors[index];
-    throw Error(ErrorKind::Argument, file_of(t), t.name(),
-                "tensor of " + std::to_string(t.nbytes) + " bytes does not fit " + what + "=" +
-                    std::to_string(have) + " bytes (needs at least " + std::to_string(need) + ")");
+  loader::MemoryInputs in;
+  for (size_t index : selected) in.tensor_bytes.push_back(tensors[index].nbytes);
+  in.copy = options_.copy;
+  in.staged = staged_;
+  in.host_fallback = host_fallback_;
+  in.world = exchange_ ? exchange_->world() : 1;
+  in.buffer_size = options_.buffer_size;
+  in.staging_size = options.staging_size ? static_cast<uint64_t>(*options.staging_size) : 0;
+  in.chunk_size = chunk_size_;
+  // Ranks exchanging must size alike, whatever each one's filesystem alignment is.
+  in.read_widening = exchange_ ? 2 * kMaxDirectAlignment : (io_->direct() ? 2 * io_alignment_ : 0);
+  in.ring_alignment = ring_alignment_;
+  in.device_budget = device_budget_;
+  auto describe = [&](size_t i) {
+    const auto& t = tensors[selected[i]];
+    return std::make_pair(file_of(t), t.name());
   };
-  const bool exchanging = exchange_ != nullptr;
-  const uint64_t padding = exchanging ? layout_.padding() : 0;
-  const uint64_t widening =
-      exchanging ? 2 * kMaxDirectAlignment : (io_->direct() ? 2 * io_alignment_ : 0);
-  const uint64_t count = selected.size();
-  const uint64_t explicit_buffer = options_.buffer_size;
-  uint64_t max_group = 0;
-
-  if (!staged_) {
-    if (options_.copy && !exchanging) {
-      buffer_size_ = explicit_buffer ? explicit_buffer
-                                     : std::max<uint64_t>(std::min(total, kDefaultReadAhead), 1);
-    } else {
-      // A region per group in the host ring: two of the largest (the live one and the next)
-      // plus read-ahead, but never more than the whole selection needs.
-      const uint64_t slot = largest + ring_alignment_ + widening + padding;
-      const uint64_t whole = total + (ring_alignment_ + widening + padding) * count + slot;
-      buffer_size_ =
-          explicit_buffer ? explicit_buffer : std::min(2 * slot + kDefaultReadAhead, whole);
-      if (slot > buffer_size_) {
-        refuse(largest_index, "a borrow buffer of buffer_size", buffer_size_, slot);
-      }
-      host_ring_bytes_ = buffer_size_;
-      max_group = std::min(exchanging ? layout_.unit_bytes : chunk_size_, host_ring_bytes_ / 4);
-    }
-  } else {
-    if (!host_fallback_ && largest > device_budget_) {
-      refuse(largest_index, "the device memory budget", device_budget_, largest);
-    }
-    // Staging: a few chunks, whatever the checkpoint; large tensors stream through in slices.
-    staging_bytes_ =
-        options.staging_size ? static_cast<uint64_t>(*options.staging_size) : kDefaultStaging;
-    if (staging_bytes_ < kMinStaging) {
-      throw Error(ErrorKind::Argument, checkpoint_->files()[0].path, "",
-                  "staging_size=" + std::to_string(staging_bytes_) + " bytes is below the " +
-                      std::to_string(kMinStaging) + " bytes a staging ring needs");
-    }
-    // A share of a unit, widened for O_DIRECT, takes at most half the staging ring.
-    uint64_t stream_chunk = std::min(chunk_size_, (staging_bytes_ / 2 - 2 * kMaxDirectAlignment));
-    stream_chunk =
-        std::max<uint64_t>(stream_chunk / kRingAlignment * kRingAlignment, kRingAlignment);
-    layout_ = loader::UnitLayout(stream_chunk, exchanging ? exchange_->world() : 1);
-    if (!options_.copy || exchanging) {
-      const uint64_t slot = largest_device + kDeviceAlignment + padding;
-      const uint64_t whole = total_device + (kDeviceAlignment + padding) * count + slot;
-      if (explicit_buffer > device_budget_) {
-        throw Error(ErrorKind::Argument, checkpoint_->files()[0].path, "",
-                    "buffer_size=" + std::to_string(explicit_buffer) +
-                        " bytes exceeds the device memory budget of " +
-                        std::to_string(device_budget_) +
-                        " bytes (max_free_mem_usage x free device memory)");
-      }
-      buffer_size_ = explicit_buffer
-                         ? explicit_buffer
-                         : std::min({2 * slot + kDefaultReadAhead, whole, device_budget_});
-      if (slot > buffer_size_) {
-        refuse(largest_device_index, "a device buffer of buffer_size", buffer_size_, slot);
-      }
-      device_ring_bytes_ = buffer_size_;
-      max_group = std::min(layout_.unit_bytes, device_ring_bytes_ / 4);
-    } else {
-      // Owned device tensors: buffer_size bounds the device bytes allocated ahead of the
-      // consumer.
-      buffer_size_ = explicit_buffer ? explicit_buffer
-                                     : std::max<uint64_t>(std::min(total, kDefaultReadAhead), 1);
-      buffer_size_ = std::min(buffer_size_, device_budget_);
-    }
+  loader::MemoryPlan memory = loader::plan_memory(in, describe, checkpoint_->files()[0].path);
+  buffer_size_ = memory.buffer_size;
+  host_ring_bytes_ = memory.host_ring_bytes;
+  staging_bytes_ = memory.staging_bytes;
+  device_ring_bytes_ = memory.device_ring_bytes;
+  layout_ = memory.layout;
+  if (staged_) {
     stage_ = std::make_unique<loader::DeviceStage>(options_.device, staging_bytes_, ring_alignment_,
                                                    device_ring_bytes_);
   }
-  // A tensor that falls back to the host is larger than the budget, so larger than max_group
-  // (at most a quarter of a ring within the budget): it always forms a group of its own.
-  plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), max_group);
+  plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), memory.max_group_bytes);
 }
 
 Loader::~Loader() {
@@ -266,6 +201,11 @@ TensorMetadata Loader::get_tensor_metadata(const std::string& name) const {
 Stats Loader::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
+}
+
+std::vector<std::string> Loader::warnings() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return warnings_;
 }
 
 BorrowRing& Loader::host_ring() {

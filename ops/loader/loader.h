@@ -46,6 +46,7 @@ class Loader {
   void restart();
   std::optional<std::pair<std::string, at::Tensor>> next();
   Stats stats() const;
+  std::vector<std::string> warnings() const;
   uint64_t total_tensor_size() const { return plan_.total_bytes; }
   uint64_t buffer_size() const { return buffer_size_; }
   bool copy() const { return options_.copy; }
@@ -144,6 +145,8 @@ class Loader {
   std::unique_ptr<io::IoSetup> io_;
   uint64_t io_alignment_ = 1;  // O_DIRECT alignment of reads (1: buffered)
   uint64_t ring_alignment_ = 64;
+  Stats stats_;  // before reads_, which books into it until destroyed
+  std::vector<std::string> warnings_;
   std::unique_ptr<loader::ReadScheduler> reads_;
   bool closed_ = false;
 
@@ -177,8 +180,6 @@ class Loader {
   size_t shares_in_staging_ = 0;           // of those, the ones holding staging space
   uint64_t share_sequence_ = 0;            // tags of shares
   std::optional<Error> deferred_failure_;  // distributed: carried by the next status round
-
-  Stats stats_;
 };
 
 }  // namespace instanttensor

@@ -12,9 +12,6 @@ namespace {
 constexpr int64_t kStatusBytes = 8;
 constexpr int64_t kMessageBytes = 1016;  // status word + message: 1 KiB per rank per unit
 
-uint64_t round_up(uint64_t value, uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 }  // namespace
 
 ExchangePlace choose_exchange_place(const std::vector<c10::DeviceType>& group_device_types,
@@ -44,33 +41,6 @@ std::string describe_backends(c10d::ProcessGroup& group) {
     }
   }
   return out.empty() ? "none" : out;
-}
-
-UnitLayout::UnitLayout(uint64_t chunk_size, int world_size) : world(world_size) {
-  uint64_t step = static_cast<uint64_t>(world) * kSliceAlignment;
-  // One slice per rank of about chunk_size bytes: each rank reads a chunk per unit.
-  unit_bytes = std::max<uint64_t>(1, chunk_size / kSliceAlignment) * step;
-}
-
-size_t UnitLayout::unit_count(uint64_t group_bytes) const {
-  return static_cast<size_t>((group_bytes + unit_bytes - 1) / unit_bytes);
-}
-
-UnitLayout::Unit UnitLayout::unit(uint64_t group_bytes, size_t u) const {
-  Unit out;
-  out.begin = static_cast<uint64_t>(u) * unit_bytes;
-  out.end = std::min(group_bytes, out.begin + unit_bytes);
-  uint64_t per_rank = (out.end - out.begin + world - 1) / static_cast<uint64_t>(world);
-  out.slice = world == 1 ? out.end - out.begin : round_up(per_rank, kSliceAlignment);
-  return out;
-}
-
-uint64_t UnitLayout::Unit::share_begin(int rank) const {
-  return std::min(end, begin + static_cast<uint64_t>(rank) * slice);
-}
-
-uint64_t UnitLayout::Unit::share_end(int rank) const {
-  return std::min(end, begin + static_cast<uint64_t>(rank + 1) * slice);
 }
 
 RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "instanttensor/error.h"
+#include "loader/unit_layout.h"
 
 namespace instanttensor::loader {
 
@@ -36,29 +37,6 @@ GatherMethod choose_gather_method(ExchangePlace place, const std::string& backen
 
 // "cpu:gloo, cuda:nccl"-style description of a group's backends, for the fallback warning.
 std::string describe_backends(c10d::ProcessGroup& group);
-
-// How a read group is cut for the exchange: units of at most `unit_bytes` (a multiple of
-// world x kSliceAlignment), each cut into `world` equal slices; the last unit of a group is
-// padded so that its slices are equal too (the all-gather writes up to `padding()` bytes past
-// the group's end, which its destination reserves).
-struct UnitLayout {
-  static constexpr uint64_t kSliceAlignment = 64;
-  uint64_t unit_bytes = 0;
-  int world = 1;
-  UnitLayout(uint64_t chunk_size, int world);
-  size_t unit_count(uint64_t group_bytes) const;
-  // Unit `u` of a group of `group_bytes`: [begin, end) in the group, and its slice size.
-  struct Unit {
-    uint64_t begin = 0;
-    uint64_t end = 0;
-    uint64_t slice = 0;
-    // Rank r's share: [begin + r x slice, ...) clipped to the unit; may be empty.
-    uint64_t share_begin(int rank) const;
-    uint64_t share_end(int rank) const;
-  };
-  Unit unit(uint64_t group_bytes, size_t u) const;
-  uint64_t padding() const { return static_cast<uint64_t>(world) * kSliceAlignment; }
-};
 
 // The collectives of one loader, on the group's backend for one device type. Every rank makes
 // the same calls in the same order (the loader walks the same plan on every rank). Consumer
