@@ -46,7 +46,7 @@ def test_bad_arguments_are_value_errors(model_files):
     paths, _ = model_files
     with pytest.raises(ValueError, match="framework"):
         instanttensor.safe_open(paths, framework="np")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="device='warp:0' is not a device"):
         instanttensor.safe_open(paths, device="warp:0")
     with pytest.raises(ValueError, match="chunk_size"):
         instanttensor.safe_open(paths, chunk_size=0)
@@ -56,7 +56,7 @@ def test_bad_arguments_are_value_errors(model_files):
         instanttensor.safe_open(paths, backend="teleport")
     with pytest.raises(ValueError, match="keys"):
         instanttensor.safe_open(paths, keys="embed.weight")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one file"):
         instanttensor.safe_open([])
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):

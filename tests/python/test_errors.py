@@ -142,8 +142,9 @@ def test_process_survives_and_opens_the_next_checkpoint(model_files, tmp_path):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(HOSTILE["gap"])
     for _ in range(20):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="InvalidOffset") as info:
             instanttensor.safe_open([paths[0], str(bad)])
+        assert str(bad) in str(info.value)
     with instanttensor.safe_open(paths) as f:
         assert len(list(f.tensors())) == len(tensors)
 
