@@ -43,6 +43,9 @@ def test_deferred_consumer_keeping_borrowed_tensors_still_gets_correct_values(mo
     monkeypatch.setenv("INSTANTTENSOR_COPY", "0")
     monkeypatch.setenv("INSTANTTENSOR_BUFFER_SIZE", "12K")  # small: the buffer wraps
     kept = list(instanttensor_weights_iterator(paths, False))
+    # More than twice the 12 KiB ring: the ring wrapped under the kept tensors.
+    assert sum(t.nbytes for t in tensors.values()) > 2 * (12 << 10)
+    assert len({t.data_ptr() for _, t in kept if t.numel()}) == len([t for _, t in kept if t.numel()])
     gc.collect()
     for name, tensor in kept:
         assert same_bytes(tensor, tensors[name]), name
