@@ -225,7 +225,7 @@ std::vector<Case> header_cases() {
 
 TEST(HeaderRules, ManyTensorsParseInLinearTime) {
   // MoE checkpoints hold 100k-250k tensors; a parse that walks the whole object at every entry
-  // took 23 s for 100k. Linear: well under a second here (3 s leaves room for sanitizers).
+  // took 23 s for 100k. Linear: 0.26 s here; the bound leaves room for a busy machine.
   const int count = 100000;
   std::string json = "{";
   for (int i = 0; i < count; ++i) {
@@ -239,7 +239,18 @@ TEST(HeaderRules, ManyTensorsParseInLinearTime) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(header.tensors.size(), static_cast<size_t>(count));
   EXPECT_EQ(header.tensors[12345].name, "model.layers.12345.expert.weight");
-  EXPECT_LT(seconds, 3.0);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const double limit = 15.0;  // sanitizers slow every allocation down several times
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  const double limit = 15.0;
+#else
+  const double limit = 3.0;
+#endif
+#else
+  const double limit = 3.0;
+#endif
+  EXPECT_LT(seconds, limit);
 }
 
 TEST(HeaderRules, NullMetadataIsNoMetadataAndEmptyTensorsSortByName) {
