@@ -14,11 +14,19 @@ void arm_read_fault(int64_t nth, int64_t error) {
   instanttensor::io::arm_faults(plan);
 }
 
+// Every read call from now on sleeps `ms` milliseconds first (a slow disk).
+void arm_read_delay(int64_t ms) {
+  instanttensor::io::FaultPlan plan;
+  plan.delay_ms = static_cast<int>(ms);
+  instanttensor::io::arm_faults(plan);
+}
+
 void disarm_faults() { instanttensor::io::disarm_faults(); }
 
 }  // namespace
 
 TORCH_LIBRARY(instanttensor_testing, m) {
   m.def("arm_read_fault(int nth, int error) -> ()", &arm_read_fault);
+  m.def("arm_read_delay(int ms) -> ()", &arm_read_delay);
   m.def("disarm_faults() -> ()", &disarm_faults);
 }

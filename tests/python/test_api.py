@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 from safetensors import safe_open as reference_open
 
 import instanttensor
 from conftest import same_bytes
+
+# Read at import: the suite's autouse fixture clears INSTANTTENSOR_* variables for each test.
+CMAKE_BUILD_DIR = os.environ.get("INSTANTTENSOR_CMAKE_BUILD_DIR")
 
 
 def test_upstream_call_shape_and_attributes(model_files):
@@ -167,3 +173,60 @@ def test_version_mismatch_is_an_import_error_naming_both(monkeypatch):
     from instanttensor._build_info import TORCH_VERSION
 
     assert TORCH_VERSION in message
+
+
+def test_every_method_after_close(model_files):
+    paths, tensors = model_files
+    f = instanttensor.safe_open(paths)
+    f.close()
+    f.close()  # idempotent
+    # What reads data raises, naming the file; what the header already answered keeps answering.
+    for call in (lambda: f.get_tensor("embed.weight"), lambda: next(f.tensors()),
+                 lambda: f.get_slice("embed.weight")[0:2],
+                 lambda: f.get_slice("layers.0.norm.weight")[...]):
+        with pytest.raises(ValueError, match="the checkpoint was closed") as info:
+            call()
+        assert paths[0] in str(info.value)
+    assert f.keys() == sorted(tensors)
+    assert f.offset_keys()[0] in tensors
+    assert f.metadata() == {"format": "pt"}
+    assert f.get_tensor_metadata("embed.weight") == (torch.bfloat16, torch.Size([64, 32]))
+    assert f.get_slice("embed.weight").get_shape() == [64, 32]
+    assert f.stats()["tensors_loaded"] == 0
+
+
+def test_close_from_another_thread_during_iteration(model_files):
+    import threading
+
+    build = CMAKE_BUILD_DIR
+    library = os.path.join(build or "", "libinstanttensor_testing.so")
+    if not build or not os.path.exists(library):
+        pytest.skip("needs the CMake build's test-only library (INSTANTTENSOR_CMAKE_BUILD_DIR)")
+    torch.ops.load_library(library)
+    paths, tensors = model_files
+    f = instanttensor.safe_open(paths, chunk_size=4096)
+    got, outcome = {}, {}
+
+    def iterate():
+        try:
+            for name, tensor in f.tensors():
+                got[name] = tensor
+        except ValueError as error:
+            outcome["error"] = str(error)
+
+    torch.ops.instanttensor_testing.arm_read_delay(60)  # a slow disk: the close lands mid-pass
+    try:
+        worker = threading.Thread(target=iterate)
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:  # the first tensor is out: mid-pass
+            time.sleep(0.005)
+        f.close()  # waits for the step in progress, then releases everything
+        worker.join(timeout=60)
+    finally:
+        torch.ops.instanttensor_testing.disarm_faults()
+    assert not worker.is_alive()
+    assert "the checkpoint was closed" in outcome.get("error", ""), (outcome, len(got))
+    assert 0 < len(got) < len(tensors)
+    for name, tensor in got.items():
+        assert same_bytes(tensor, tensors[name]), name
