@@ -230,3 +230,44 @@ def test_close_from_another_thread_during_iteration(model_files):
     assert 0 < len(got) < len(tensors)
     for name, tensor in got.items():
         assert same_bytes(tensor, tensors[name]), name
+
+
+def test_metadata_of_several_files_merges_with_the_first_file_winning(tmp_path):
+    paths = [str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")]
+    instanttensor.save_file({"x": torch.ones(2)}, paths[0], metadata={"a": "1", "b": "first"})
+    instanttensor.save_file({"y": torch.ones(2)}, paths[1], metadata={"b": "second", "c": "3"})
+    with instanttensor.safe_open(paths) as f:
+        assert f.metadata() == {"a": "1", "b": "first", "c": "3"}
+    with instanttensor.safe_open(list(reversed(paths))) as f:  # files are sorted: same answer
+        assert f.metadata() == {"a": "1", "b": "first", "c": "3"}
+
+
+SLICES = [(slice(None),), (slice(1, 3),), (slice(-3, -1),), (slice(None, None, 2),),
+          (slice(5, 100),), (slice(100, 200),), (slice(3, 1),), (1,), (-1,), (-4,), (3,), (4,),
+          (-5,), (Ellipsis,), (slice(1, 3), slice(None, None, 2)), (1, Ellipsis),
+          (slice(0, 4, -1),), (slice(None, None, -1),), (slice(1, 2), 0), (slice(0, 0),)]
+
+
+@pytest.mark.parametrize("index", SLICES, ids=repr)
+@pytest.mark.parametrize("name", ["matrix", "vector", "scalar"])
+def test_get_slice_matches_the_reference(tmp_path, name, index):
+    path = str(tmp_path / "s.safetensors")
+    from safetensors.torch import save_file as reference_save
+
+    reference_save({"matrix": torch.arange(20, dtype=torch.float32).reshape(4, 5),
+                    "vector": torch.arange(4, dtype=torch.int64),
+                    "scalar": torch.tensor(2.5)}, path)
+
+    def take(opener):
+        try:
+            with opener(path) as f:
+                return ("ok", f.get_slice(name)[index].clone())
+        except Exception as error:  # noqa: BLE001 - the verdict is compared
+            return ("error", type(error).__name__)
+
+    expected = take(lambda p: reference_open(p, framework="pt"))
+    got = take(instanttensor.safe_open)
+    assert got[0] == expected[0], (expected, got)
+    if expected[0] == "ok":
+        assert got[1].dtype == expected[1].dtype and got[1].shape == expected[1].shape
+        assert torch.equal(got[1], expected[1]), (expected[1], got[1])
