@@ -169,3 +169,40 @@ def test_file_replaced_by_rename_keeps_serving_the_validated_file(model_files, t
         loaded = dict(f.tensors())
     for name, tensor in tensors.items():
         assert torch.equal(loaded[name], tensor)
+
+
+ENTRY_POINTS = {
+    "safe_open": lambda p: instanttensor.safe_open(p),
+    "get_tensor": lambda p: instanttensor.safe_open(p).get_tensor("w"),
+    "get_slice": lambda p: instanttensor.safe_open(p).get_slice("w")[0:1],
+    "load_file": lambda p: instanttensor.load_file(p),
+    "load_tensors": lambda p: torch.ops.instanttensor.load_tensors([p], ["w"], torch.device("cpu")),
+}
+
+
+@pytest.mark.parametrize("entry_point", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize("label", [k for k in sorted(HOSTILE) if k != "f6_dtype"])
+def test_hostile_files_through_every_entry_point(tmp_path, label, entry_point):
+    # Malformed headers are refused when the file is opened, so every way in says the same:
+    # the Python API raises ValueError, the raw op a RuntimeError; both name the file.
+    path = tmp_path / f"{label}.safetensors"
+    path.write_bytes(HOSTILE[label])
+    expected = RuntimeError if entry_point == "load_tensors" else ValueError
+    with pytest.raises(expected) as info:
+        ENTRY_POINTS[entry_point](str(path))
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("entry_point", ["get_tensor", "get_slice", "load_file", "load_tensors"])
+def test_f6_through_every_entry_point_and_its_metadata(tmp_path, entry_point):
+    # F6 has no torch dtype: the header is valid, reading the tensor is a clear error.
+    path = tmp_path / "f6.safetensors"
+    path.write_bytes(HOSTILE["f6_dtype"])
+    expected = RuntimeError if entry_point == "load_tensors" else ValueError
+    with pytest.raises(expected, match="F6_E2M3") as info:
+        ENTRY_POINTS[entry_point](str(path))
+    assert "'w'" in str(info.value)
+    with instanttensor.safe_open(str(path)) as f:
+        assert f.keys() == ["w"]
+        with pytest.raises(ValueError, match="F6_E2M3"):
+            f.get_tensor_metadata("w")
