@@ -31,7 +31,8 @@ class Faults : public ::testing::Test {
 // io_uring's kernel workers (iou-wrk) come and go on their own schedule: wait until the count
 // is at most `expected`, for up to 2 s.
 void settle_threads(int expected) {
-  for (int i = 0; i < 200 && testing::thread_count() > expected; ++i) ::usleep(10000);
+  // io_uring workers leave on their own time: poll for up to 30 s on a busy machine.
+  for (int i = 0; i < 3000 && testing::thread_count() > expected; ++i) ::usleep(10000);
 }
 
 // The thread count once lingering kernel workers have left (stable for 100 ms).

@@ -373,7 +373,7 @@ TEST(Loader, ResourcesAreReleasedOnEveryPath) {
   }
   EXPECT_EQ(testing::open_fd_count(), fds);
   // io_uring's kernel workers (iou-wrk) leave a moment after the ring is closed.
-  for (int i = 0; i < 200 && testing::thread_count() > threads; ++i) ::usleep(10000);
+  for (int i = 0; i < 3000 && testing::thread_count() > threads; ++i) ::usleep(10000);
   EXPECT_LE(testing::thread_count(), threads);  // kernel workers may leave early, too
   SafeOpen f(model.files);
   f.close();
