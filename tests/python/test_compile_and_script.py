@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from typing import List
 
@@ -71,13 +70,10 @@ def test_real_kernel_rechecks_a_changed_file(model_files):
     compiled = torch.compile(forward, fullgraph=True)
     compiled()
     instanttensor.save_file({"embed.weight": torch.zeros(3)}, paths[0])
-    # The kernel reads the new header; the compiled graph then refuses the changed shape.
-    try:
+    # The kernel reads the new header; inductor's output check then refuses the changed shape,
+    # naming the op (torch 2.13: "wrong number of dimensions1 for op: ...load_tensors.default").
+    with pytest.raises(AssertionError, match=r"instanttensor\.load_tensors"):
         compiled()
-    except Exception as error:  # noqa: BLE001 - any clear error is right; a result is not
-        assert re.search("embed.weight|shape|size|dimensions", str(error)), error
-    else:
-        pytest.fail("a file changed after compilation gave a result instead of an error")
 
 
 def test_opcheck(model_files):
