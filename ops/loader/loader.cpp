@@ -33,8 +33,6 @@ constexpr uint64_t kShareTag = 1ull << 62;
 constexpr uint64_t kRandomAccessTag = 1ull << 63;
 constexpr uint64_t kRingAlignment = 64;
 constexpr uint64_t kDefaultChunk = 8ull << 20;
-// O_DIRECT widening assumed when every rank must size alike (alignments differ per filesystem).
-constexpr uint64_t kMaxDirectAlignment = 4096;
 constexpr int kDefaultConcurrency = 4;
 constexpr int kDefaultIoDepth = 32;
 
@@ -84,7 +82,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   int depth = options_.io_depth ? options_.io_depth : kDefaultIoDepth;
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, chunk_size_, stats_);
   stats_.backend = io_->description();
-  stats_.buffer_size = buffer_size_;
+  stats_.buffer_size = memory_.buffer_size;
   stats_.open_seconds = seconds_since(start);
 }
 
@@ -124,24 +122,20 @@ void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& opti
   in.staging_size = options.staging_size ? static_cast<uint64_t>(*options.staging_size) : 0;
   in.chunk_size = chunk_size_;
   // Ranks exchanging must size alike, whatever each one's filesystem alignment is.
-  in.read_widening = exchange_ ? 2 * kMaxDirectAlignment : (io_->direct() ? 2 * io_alignment_ : 0);
+  in.read_widening =
+      exchange_ ? 2 * loader::kMaxDirectAlignment : (io_->direct() ? 2 * io_alignment_ : 0);
   in.ring_alignment = ring_alignment_;
   in.device_budget = device_budget_;
   auto describe = [&](size_t i) {
     const auto& t = tensors[selected[i]];
     return std::make_pair(file_of(t), t.name());
   };
-  loader::MemoryPlan memory = loader::plan_memory(in, describe, checkpoint_->files()[0].path);
-  buffer_size_ = memory.buffer_size;
-  host_ring_bytes_ = memory.host_ring_bytes;
-  staging_bytes_ = memory.staging_bytes;
-  device_ring_bytes_ = memory.device_ring_bytes;
-  layout_ = memory.layout;
+  memory_ = loader::plan_memory(in, describe, checkpoint_->files()[0].path);
   if (staged_) {
-    stage_ = std::make_unique<loader::DeviceStage>(options_.device, staging_bytes_, ring_alignment_,
-                                                   device_ring_bytes_);
+    stage_ = std::make_unique<loader::DeviceStage>(options_.device, memory_.staging_bytes,
+                                                   ring_alignment_, memory_.device_ring_bytes);
   }
-  plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), memory.max_group_bytes);
+  plan_ = plan::make_read_plan(*checkpoint_, std::move(selected), memory_.max_group_bytes);
 }
 
 Loader::~Loader() {
@@ -212,8 +206,8 @@ BorrowRing& Loader::host_ring() {
   if (!host_ring_) {
     host_streams_ = std::make_unique<loader::LoaderStreams>(c10::Device(c10::DeviceType::CPU));
     host_ring_ =
-        std::make_unique<BorrowRing>(*host_streams_, BorrowRing::Memory::Host, host_ring_bytes_,
-                                     ring_alignment_, "the borrow buffer");
+        std::make_unique<BorrowRing>(*host_streams_, BorrowRing::Memory::Host,
+                                     memory_.host_ring_bytes, ring_alignment_, "the borrow buffer");
   }
   return *host_ring_;
 }
@@ -344,7 +338,8 @@ bool Loader::place_group(size_t g, bool force) {
     return true;
   }
   if (state.where == Destination::HostOwned || state.where == Destination::DeviceOwned) {
-    if (ahead_bytes_ > 0 && ahead_bytes_ + group.length > buffer_size_ && !force) return false;
+    if (ahead_bytes_ > 0 && ahead_bytes_ + group.length > memory_.buffer_size && !force)
+      return false;
     // Owned groups hold one tensor: its bytes land in the tensor's own storage (one pass); on
     // the host, O_DIRECT's widening lives in the same block, outside the tensor.
     c10::DataPtr memory = state.where == Destination::HostOwned
@@ -366,7 +361,7 @@ bool Loader::place_group(size_t g, bool force) {
   // Keep each tensor's alignment relative to the data buffer; an O_DIRECT host region starts
   // on a block instead, so data sits at its file offset modulo the block size. The exchange
   // writes up to padding() bytes past the group (equal slices).
-  const uint64_t padding = exchanging() ? layout_.padding() : 0;
+  const uint64_t padding = exchanging() ? memory_.layout.padding() : 0;
   const uint64_t span = on_device ? group.length + padding : state.range.span + padding;
   const uint64_t phase = on_device ? data_offset : (io_alignment_ > 1 ? 0 : data_offset);
   BorrowRing::Region* region;
@@ -397,7 +392,7 @@ bool Loader::submit_shares(size_t g) {
   const int rank = exchange_ ? exchange_->rank() : 0;
   const size_t units = unit_count(g);
   while (state.units_submitted < units) {
-    auto unit = layout_.unit(group.length, state.units_submitted);
+    auto unit = memory_.layout.unit(group.length, state.units_submitted);
     StagedShare share;
     share.group = g;
     share.group_offset = unit.share_begin(rank);
@@ -570,7 +565,7 @@ void Loader::exchange_group(size_t g, std::optional<Error> failure) {
     auto start = Clock::now();
     exchange_->check_statuses(failure, file);
     stats_.exchange_seconds += seconds_since(start);
-    auto unit = layout_.unit(group.length, u);
+    auto unit = memory_.layout.unit(group.length, u);
     own += unit.share_end(exchange_->rank()) - unit.share_begin(exchange_->rank());
     at::Tensor bytes =
         loader::byte_view(state.dest + unit.begin, unit.slice * exchange_->world(), device);
@@ -637,10 +632,7 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
   c10::DeviceGuard guard(device);
   if (t.nbytes == 0) {
     // An empty tensor: nothing read, nothing exchanged; it lives where its group would.
-    c10::Device empty_on = staged_ && group.where != Destination::HostOwned
-                               ? options_.device
-                               : c10::Device(c10::DeviceType::CPU);
-    return {t.name(), tensor_over(make_storage(c10::DataPtr(nullptr, empty_on), 0), dtype, shape)};
+    return {t.name(), tensor_over(make_storage(c10::DataPtr(nullptr, device), 0), dtype, shape)};
   }
   if (exchanging()) {
     auto start = Clock::now();

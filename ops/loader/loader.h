@@ -15,6 +15,7 @@
 #include "io/io_setup.h"
 #include "loader/borrow_ring.h"
 #include "loader/device_stage.h"
+#include "loader/memory_plan.h"
 #include "loader/options.h"
 #include "loader/rank_exchange.h"
 #include "loader/read_scheduler.h"
@@ -48,7 +49,7 @@ class Loader {
   Stats stats() const;
   std::vector<std::string> warnings() const;
   uint64_t total_tensor_size() const { return plan_.total_bytes; }
-  uint64_t buffer_size() const { return buffer_size_; }
+  uint64_t buffer_size() const { return memory_.buffer_size; }
   bool copy() const { return options_.copy; }
   void close();
 
@@ -134,13 +135,15 @@ class Loader {
   c10::intrusive_ptr<c10::StorageImpl> read_owned(const format::IndexedTensor& t, uint64_t offset,
                                                   uint64_t nbytes);
   bool exchanging() const { return exchange_ != nullptr; }
-  size_t unit_count(size_t group) const { return layout_.unit_count(plan_.groups[group].length); }
+  size_t unit_count(size_t group) const {
+    return memory_.layout.unit_count(plan_.groups[group].length);
+  }
 
   mutable std::mutex mutex_;
   loader::ResolvedOptions options_;
   std::unique_ptr<format::Checkpoint> checkpoint_;
   plan::ReadPlan plan_;
-  uint64_t buffer_size_ = 0;
+  loader::MemoryPlan memory_;  // ring sizes, read grouping and the unit cut
   uint64_t chunk_size_ = 0;
   std::unique_ptr<io::IoSetup> io_;
   uint64_t io_alignment_ = 1;  // O_DIRECT alignment of reads (1: buffered)
@@ -154,17 +157,13 @@ class Loader {
   bool staged_ = false;
   bool host_fallback_ = false;
   uint64_t device_budget_ = UINT64_MAX;
-  uint64_t host_ring_bytes_ = 0;
-  uint64_t staging_bytes_ = 0;
-  uint64_t device_ring_bytes_ = 0;
   std::unique_ptr<loader::DeviceStage> stage_;
   std::unique_ptr<loader::LoaderStreams> host_streams_;
   std::unique_ptr<loader::BorrowRing> host_ring_;
 
-  // Distributed: the exchange (null when single-process or loading locally) and the unit cut.
+  // Distributed: the exchange (null when single-process or loading locally).
   std::unique_ptr<loader::RankExchange> exchange_;
   loader::ExchangePlace place_ = loader::ExchangePlace::Local;
-  loader::UnitLayout layout_{8ull << 20, 1};
 
   // The current pass.
   uint64_t pass_id_ = 0;

@@ -8,8 +8,6 @@ namespace instanttensor::loader {
 
 namespace {
 constexpr uint64_t kDefaultReadAhead = 256ull << 20;
-// O_DIRECT widening of a staged share, whatever the filesystem's alignment (ranks must agree).
-constexpr uint64_t kMaxShareWidening = 2 * 4096;
 }  // namespace
 
 MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
@@ -74,7 +72,7 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
                     std::to_string(kMinStagingBytes) + " bytes a staging ring needs");
   }
   // A share of a unit, widened for O_DIRECT, takes at most half the staging ring.
-  uint64_t stream_chunk = std::min(in.chunk_size, plan.staging_bytes / 2 - kMaxShareWidening);
+  uint64_t stream_chunk = std::min(in.chunk_size, plan.staging_bytes / 2 - 2 * kMaxDirectAlignment);
   stream_chunk =
       std::max<uint64_t>(stream_chunk / UnitLayout::kSliceAlignment * UnitLayout::kSliceAlignment,
                          UnitLayout::kSliceAlignment);

@@ -45,6 +45,9 @@ using DescribeTensor = std::function<std::pair<std::string, std::string>(size_t)
 MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
                        const std::string& file);
 
+// The largest O_DIRECT alignment planned for: ranks exchanging must size alike whatever each
+// one's filesystem alignment is, so they plan with this one.
+constexpr uint64_t kMaxDirectAlignment = 4096;
 constexpr uint64_t kDefaultStagingBytes = 64ull << 20;  // a few chunks, a power of two
 constexpr uint64_t kMinStagingBytes = 32ull << 10;
 constexpr uint64_t kDeviceRingAlignment = 256;  // what device allocators hand out
