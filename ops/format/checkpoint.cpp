@@ -121,14 +121,20 @@ size_t Checkpoint::index_of(const std::string& name) const {
 }
 
 void Checkpoint::check_unchanged() const {
-  for (const auto& file : files_) {
-    struct stat st {};
-    if (::fstat(file.fd, &st) != 0) throw system_error(errno, file.path, "cannot stat");
-    if (static_cast<uint64_t>(st.st_size) != file.size || mtime_of(st) != file.mtime_ns) {
-      throw Error(ErrorKind::Io, file.path, "",
-                  "file changed since it was opened (size " + std::to_string(file.size) + " -> " +
-                      std::to_string(st.st_size) + ")");
-    }
+  for (size_t i = 0; i < files_.size(); ++i) check_unchanged(i, "");
+}
+
+void Checkpoint::check_unchanged(size_t file_index, const std::string& tensor) const {
+  const auto& file = files_.at(file_index);
+  struct stat st {};
+  if (::fstat(file.fd, &st) != 0) throw system_error(errno, file.path, "cannot stat");
+  if (static_cast<uint64_t>(st.st_size) != file.size || mtime_of(st) != file.mtime_ns) {
+    std::string what =
+        static_cast<uint64_t>(st.st_size) != file.size
+            ? "size " + std::to_string(file.size) + " -> " + std::to_string(st.st_size)
+            : "same size, modified in place";
+    throw Error(ErrorKind::Io, file.path, tensor,
+                "file changed since it was opened (" + what + ")");
   }
 }
 

@@ -61,6 +61,9 @@ class Checkpoint {
   // Re-stats every open fd and throws Error(Io) naming the file when its size or modification
   // time differs from what was validated at open. Consumer thread.
   void check_unchanged() const;
+  // The same for one file, naming `tensor` in the error: called when a group's reads have landed,
+  // so bytes written in place after open (same size, new mtime) are never handed out.
+  void check_unchanged(size_t file_index, const std::string& tensor) const;
 
  private:
   std::vector<CheckpointFile> files_;

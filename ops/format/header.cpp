@@ -98,6 +98,11 @@ class HeaderSax : public nlohmann::json_sax<json> {
 
   bool key(string_t& key) override {
     if (skip_ > 0) return true;
+    if ((depth_ == 1 || (depth_ == 2 && in_metadata_)) && ++entries_ > kMaxHeaderEntries) {
+      fail(file_, "", kRule,
+           "more than " + std::to_string(kMaxHeaderEntries) +
+               " entries (tensors and metadata keys)");
+    }
     if (depth_ == 1) {
       if (key == "__metadata__") {
         if (seen_metadata_) fail(file_, "", kRule, "'__metadata__' appears twice");
@@ -248,6 +253,7 @@ class HeaderSax : public nlohmann::json_sax<json> {
   int skip_ = 0;  // nesting inside an ignored value
   TopKey top_key_ = TopKey::Tensor;
   bool seen_metadata_ = false;
+  size_t entries_ = 0;  // top-level keys and metadata keys so far
   bool in_metadata_ = false;
   std::string metadata_key_;
   TensorEntry entry_;

@@ -12,6 +12,10 @@ namespace instanttensor::format {
 
 // The reference reader's cap on the JSON length (exactly this much is accepted).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Not a rule of the reference reader (it has no cap): tensors plus metadata keys in one header.
+// Bounds what parsing costs (each entry costs a few hundred bytes however short its text): the
+// largest MoE checkpoints hold ~250k tensors in all, spread over many files.
+constexpr size_t kMaxHeaderEntries = 1'000'000;
 
 struct TensorEntry {
   std::string name;

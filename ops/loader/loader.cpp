@@ -512,6 +512,17 @@ void Loader::wait_until_landed(size_t g, size_t units) {
     check_pass_reads();
   }
   stats_.wait_seconds += seconds_since(start);
+  if (!state.verified) {
+    // Re-stat after the reads: a writer updates the mtime before its bytes reach the page cache,
+    // so bytes written in place since open are caught here, before any tensor of them goes out.
+    const auto& first = first_tensor(g);
+    try {
+      checkpoint_->check_unchanged(first.file_index, first.name());
+    } catch (const Error& e) {
+      fail_pass(e);
+    }
+    state.verified = state.landed;
+  }
 }
 
 void Loader::make_ready(size_t item, bool wait) {
@@ -733,7 +744,7 @@ const format::IndexedTensor& Loader::selected_tensor(const std::string& name) co
 
 c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTensor& t,
                                                         uint64_t offset, uint64_t nbytes) {
-  checkpoint_->check_unchanged();
+  checkpoint_->check_unchanged(t.file_index, t.name());
   auto range = plan::align_range(t.file_offset + offset, nbytes, io_alignment_);
   auto window = pool::allocate_host_window(range.span, range.prefix, ring_alignment_, "a tensor");
   auto* dest = static_cast<uint8_t*>(window.get()) - range.prefix;
@@ -746,6 +757,7 @@ c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTen
   auto failure = reads_->failure(kRandomAccessTag);
   reads_->forget(kRandomAccessTag);
   if (failure) throw read_error(*failure, t);
+  checkpoint_->check_unchanged(t.file_index, t.name());  // written in place during the read?
   return storage;
 }
 

@@ -67,6 +67,7 @@ class Loader {
     uint8_t* dest = nullptr;   // the group's first byte in its destination
     bool placed = false;
     bool landed = false;             // every byte this rank reads is in `dest`
+    bool verified = false;           // landed, and its file was unchanged after the reads
     size_t units_submitted = 0;      // units whose share (of this rank) was submitted
     size_t units_landed = 0;         // units whose share is in `dest`
     size_t units_exchanged = 0;      // distributed: units through their status round and gather

@@ -72,7 +72,12 @@ class SafeSlice:
         self._dtype, self._shape = owner.get_tensor_metadata(name)
 
     def get_shape(self) -> list[int]:
-        return list(self._shape)
+        # The header's shape, as safetensors gives it: F4 counts unpacked elements, two per byte
+        # of the packed float4_e2m1fn_x2 tensor that indexing works on.
+        shape = list(self._shape)
+        if self._dtype == torch.float4_e2m1fn_x2 and shape:
+            shape[-1] *= 2
+        return shape
 
     def get_dtype(self) -> str:
         return format_name(self._dtype)

@@ -116,6 +116,35 @@ TEST(Loader, RandomAccessInAnyOrderAndMetadata) {
   }
 }
 
+// Runs once per read backend (CTest variants): rows of dimension 0 read as one byte range.
+TEST(Loader, GetRowsReadsOnlyThoseRowsAndMatchesTheSlice) {
+  TempDir dir;
+  auto model = write_model(dir);
+  SafeOpen f(model.files);
+  const at::Tensor& embed = model.tensors["embed.weight"];  // 128 x 32 bf16: 64 B per row
+  for (auto [start, stop] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 128}, {5, 6}, {17, 90}, {127, 128}, {40, 40}}) {
+    auto before = f.stats();
+    at::Tensor rows = f.get_rows("embed.weight", start, stop);
+    auto after = f.stats();
+    EXPECT_TRUE(same_bytes(rows, embed.slice(0, start, stop))) << start << ":" << stop;
+    EXPECT_TRUE(rows.is_contiguous());
+    expect_bytes_read(after, before.bytes_read + static_cast<uint64_t>(stop - start) * 64,
+                      stop > start ? 1 : 0);
+  }
+  EXPECT_TRUE(same_bytes(f.get_rows("head.bias", 2, 5), model.tensors["head.bias"].slice(0, 2, 5)));
+  EXPECT_EQ(f.get_rows("empty", 0, 0).sizes(), (std::vector<int64_t>{0, 4}));
+  for (auto [start, stop] : std::vector<std::pair<int64_t, int64_t>>{{-1, 2}, {3, 2}, {0, 129}}) {
+    try {
+      f.get_rows("embed.weight", start, stop);
+      ADD_FAILURE() << start << ":" << stop;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Argument);
+      EXPECT_NE(std::string(e.what()).find("embed.weight"), std::string::npos);
+    }
+  }
+}
+
 TEST(Loader, CopiedTensorsOwnExactlyTheirBytes) {
   TempDir dir;
   auto model = write_model(dir);

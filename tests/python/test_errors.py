@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -206,3 +207,110 @@ def test_f6_through_every_entry_point_and_its_metadata(tmp_path, entry_point):
         assert f.keys() == ["w"]
         with pytest.raises(ValueError, match="F6_E2M3"):
             f.get_tensor_metadata("w")
+
+
+def _rewrite_in_place(path: str) -> None:
+    """Same size, new bytes: flips every data byte after the header (mtime moves on)."""
+    with open(path, "r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + length)
+        data = bytearray(f.read())
+        f.seek(8 + length)
+        f.write(bytes(b ^ 0xFF for b in data))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_file_rewritten_in_place_during_a_load_is_refused(tmp_path, copy):
+    from safetensors.torch import save_file
+
+    path = str(tmp_path / "model.safetensors")
+    tensors = {f"w{i:02d}": torch.full((16384,), float(i)) for i in range(16)}  # 64 KiB each
+    save_file(tensors, path)
+    handed_out = {}
+    with instanttensor.safe_open(path, copy=copy, buffer_size=256 << 10,
+                                 chunk_size=64 << 10) as f:
+        it = iter(f.tensors())
+        name, tensor = next(it)
+        handed_out[name] = tensor.clone()
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        _rewrite_in_place(path)
+        with pytest.raises(OSError, match="changed since it was opened .same size, modified in "
+                                          "place.") as info:
+            for name, tensor in it:
+                handed_out[name] = tensor.clone()
+    assert path in str(info.value)
+    # Whatever went out before the refusal holds the bytes that were validated at open.
+    assert len(handed_out) < len(tensors)
+    for name, tensor in handed_out.items():
+        assert torch.equal(tensor, tensors[name]), name
+
+
+def test_random_access_after_an_in_place_rewrite_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    path = str(tmp_path / "model.safetensors")
+    save_file({"a": torch.ones(1024), "b": torch.zeros(1024)}, path)
+    with instanttensor.safe_open(path) as f:
+        time.sleep(0.05)
+        _rewrite_in_place(path)
+        with pytest.raises(OSError, match="modified in place") as info:
+            f.get_tensor("b")
+        assert path in str(info.value) and "b" in str(info.value)
+        with pytest.raises(OSError, match="modified in place"):
+            f.get_slice("a")[0:4]
+
+
+def _hostile_header(kind: str, target: int) -> bytes:
+    """Headers of about `target` bytes built to cost the parser the most memory per byte."""
+    parts = []
+    size = 2
+    i = 0
+    dims = ",".join(["1"] * 1024)
+    while size < target:
+        if kind == "most_entries":  # valid up to the cap: 1M tensors of one byte
+            part = '"t%07d":{"dtype":"U8","shape":[1],"data_offsets":[%d,%d]}' % (i, i, i + 1)
+        elif kind == "most_dims":  # 1024 dimensions per tensor: 8 bytes kept per 2 read
+            part = '"t%d":{"dtype":"U8","shape":[%s],"data_offsets":[%d,%d]}' % (i, dims, i, i + 1)
+        else:  # "metadata_keys": ten million tiny metadata entries
+            part = '"k%d":"v"' % i
+        parts.append(part)
+        size += len(part) + 1
+        i += 1
+    if kind == "metadata_keys":
+        return ('{"__metadata__":{' + ",".join(parts) + "}}").encode()
+    return ("{" + ",".join(parts) + "}").encode()
+
+
+@pytest.mark.parametrize("kind,target,verdict", [
+    ("most_entries", 68_000_000, "ok"),
+    ("most_dims", 99_000_000, "ok"),
+    ("metadata_keys", 99_000_000, "more than 1000000 entries"),
+])
+def test_a_100mb_hostile_header_stays_within_the_memory_bound(tmp_path, kind, target, verdict):
+    header = _hostile_header(kind, target)
+    header += b" " * ((8 - len(header) % 8) % 8)
+    count = header.count(b'"dtype"')
+    path = tmp_path / "hostile.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(count))
+    code = textwrap.dedent(f"""
+        import resource, instanttensor
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        try:
+            with instanttensor.safe_open({str(path)!r}) as f:
+                verdict = "ok"
+        except ValueError as error:
+            verdict = str(error)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print((after - before) * 1024)
+        print(verdict)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INSTANTTENSOR_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    grown, message = done.stdout.split("\n", 1)
+    assert verdict in message, message
+    # README: parsing a header costs at most 5x its size (measured 4.5x-4.7x at these worst cases).
+    assert int(grown) <= 5.5 * len(header), (int(grown) / len(header), kind)
