@@ -19,8 +19,13 @@ IoSetup::IoSetup(const std::vector<std::string>& backend_names,
   std::string skipped;
   for (const auto& name : backend_names) {
     if (name == "mmap") {
-      skipped += " mmap (not built)";
-      continue;
+      try {
+        mapping_ = std::make_shared<const MappedFiles>(files);
+      } catch (const Error& e) {
+        skipped += std::string(" mmap (") + e.what() + ")";
+        continue;
+      }
+      break;
     }
     if (name == "auto") {
       uint64_t total = 0;
@@ -38,6 +43,7 @@ IoSetup::IoSetup(const std::vector<std::string>& backend_names,
   }
   int refused = 0;
   for (const auto& file : files) {
+    buffered_fds_.push_back(file.buffered_fd);
     int fd = -1;
     DirectIoAlignment alignment;
     if (want_direct) fd = open_direct(file.path, &alignment);
@@ -50,7 +56,9 @@ IoSetup::IoSetup(const std::vector<std::string>& backend_names,
       read_fds_.push_back(file.buffered_fd);
     }
   }
-  description_ = std::string(uring_ ? "io_uring" : "pread") + (direct() ? "+O_DIRECT" : "");
+  description_ = mapping_
+                     ? "mmap"
+                     : std::string(uring_ ? "io_uring" : "pread") + (direct() ? "+O_DIRECT" : "");
   if (refused > 0)
     description_ += " (" + std::to_string(refused) + " file(s) buffered: O_DIRECT refused)";
   if (!skipped.empty()) description_ += " (skipped:" + skipped + ")";
@@ -61,9 +69,11 @@ IoSetup::~IoSetup() { close(); }
 void IoSetup::close() {
   for (int fd : owned_fds_) ::close(fd);
   owned_fds_.clear();
+  mapping_.reset();  // views handed out keep their own reference
 }
 
 std::unique_ptr<ReadBackend> IoSetup::start_backend(int threads, int depth) {
+  if (mapping_) return make_mapped_copy_pool(mapping_, threads);
   if (uring_) {
     try {
       return make_uring_backend(static_cast<unsigned>(depth));

@@ -6,15 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "io/mapped_files.h"
 #include "io/read_backend.h"
 
 namespace instanttensor::io {
-
-struct FileToRead {
-  std::string path;
-  int buffered_fd = -1;  // owned by the caller
-  uint64_t size = 0;
-};
 
 // The decision for one open checkpoint. Owns the O_DIRECT fds it opened.
 class IoSetup {
@@ -24,7 +19,9 @@ class IoSetup {
   //                     else O_DIRECT reads through the pread pool;
   //   pread|buffered -> buffered pread pool;   direct -> O_DIRECT pread pool;
   //   uring          -> io_uring on O_DIRECT;  uring_buffered -> io_uring, buffered;
-  //   mmap           -> not built: the next name is tried.
+  //   mmap           -> each file mapped once (MappedFiles); reads copy from the mapping, and
+  //                     the loader hands out views of it where it can. Never chosen by auto.
+  //                     A file that cannot be mapped: the next name is tried.
   // O_DIRECT falls back to buffered per file when the filesystem refuses it (tmpfs). Never
   // throws for an unavailable backend: the end of the chain is the buffered pread pool.
   IoSetup(const std::vector<std::string>& backend_names, const std::vector<FileToRead>& files);
@@ -37,6 +34,10 @@ class IoSetup {
   // Reads start and end on multiples of this, and land on addresses aligned to it (1: any).
   uint64_t alignment() const { return alignment_; }
   bool direct() const { return alignment_ > 1; }
+  // The mapping of every file when the mmap backend was chosen, else nullptr.
+  const std::shared_ptr<const MappedFiles>& mapping() const { return mapping_; }
+  // The buffered fd of file `index` (reads that O_DIRECT cannot take: unaligned destinations).
+  int buffered_fd(size_t index) const { return buffered_fds_[index]; }
 
   // Starts the backend the chain chose: io_uring when asked for and available, else the pread
   // pool of `threads` workers. Consumer thread; call once.
@@ -44,11 +45,13 @@ class IoSetup {
   // "pread", "pread+O_DIRECT", "io_uring+O_DIRECT", ... and why a fallback happened, if any.
   const std::string& description() const { return description_; }
 
-  // Closes the fds opened here. Idempotent.
+  // Closes the fds opened here and drops this reference to the mapping. Idempotent.
   void close();
 
  private:
   std::vector<int> read_fds_;
+  std::vector<int> buffered_fds_;
+  std::shared_ptr<const MappedFiles> mapping_;
   std::vector<int> owned_fds_;
   uint64_t alignment_ = 1;
   bool uring_ = false;

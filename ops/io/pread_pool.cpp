@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -48,9 +49,10 @@ ReadCompletion perform_read(const ReadRequest& request) {
   return done;
 }
 
-class PreadPool final : public ReadBackend {
+class WorkerPool final : public ReadBackend {
  public:
-  explicit PreadPool(int threads) {
+  WorkerPool(int threads, std::function<ReadCompletion(const ReadRequest&)> perform)
+      : perform_(std::move(perform)) {
     workers_.reserve(threads);
     try {
       for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
@@ -60,7 +62,7 @@ class PreadPool final : public ReadBackend {
     }
   }
 
-  ~PreadPool() override { stop_and_join(); }
+  ~WorkerPool() override { stop_and_join(); }
 
   void stop_and_join() {
     {
@@ -106,7 +108,7 @@ class PreadPool final : public ReadBackend {
         request = queued_.front();
         queued_.pop_front();
       }
-      ReadCompletion completion = perform_read(request);
+      ReadCompletion completion = perform_(request);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         done_.push_back(completion);
@@ -115,6 +117,7 @@ class PreadPool final : public ReadBackend {
     }
   }
 
+  std::function<ReadCompletion(const ReadRequest&)> perform_;
   mutable std::mutex mutex_;
   std::condition_variable queued_cv_;
   std::condition_variable done_cv_;
@@ -127,8 +130,13 @@ class PreadPool final : public ReadBackend {
 
 }  // namespace
 
+std::unique_ptr<ReadBackend> make_worker_pool(
+    int threads, std::function<ReadCompletion(const ReadRequest&)> perform) {
+  return std::make_unique<WorkerPool>(threads < 1 ? 1 : threads, std::move(perform));
+}
+
 std::unique_ptr<ReadBackend> make_pread_pool(int threads) {
-  return std::make_unique<PreadPool>(threads < 1 ? 1 : threads);
+  return make_worker_pool(threads, perform_read);
 }
 
 }  // namespace instanttensor::io

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -9,6 +10,13 @@ namespace instanttensor::io {
 
 // Read `length` bytes at `offset` of `fd` into `dest`. The caller keeps `dest` (and the fd)
 // valid until the matching completion has been returned by wait_completion().
+// A file as the io layer sees it before choosing how to read it.
+struct FileToRead {
+  std::string path;
+  int buffered_fd = -1;  // owned by the caller
+  uint64_t size = 0;
+};
+
 struct ReadRequest {
   int fd = -1;
   uint64_t offset = 0;
@@ -55,5 +63,10 @@ std::unique_ptr<ReadBackend> make_uring_backend(unsigned depth);
 // EAGAIN and continuing after short reads. Destruction waits for queued requests to finish and
 // joins the workers.
 std::unique_ptr<ReadBackend> make_pread_pool(int threads);
+
+// The pool behind make_pread_pool with another way to serve a request (`perform` runs on the
+// workers, several at once, and must only write into the request's memory).
+std::unique_ptr<ReadBackend> make_worker_pool(
+    int threads, std::function<ReadCompletion(const ReadRequest&)> perform);
 
 }  // namespace instanttensor::io

@@ -76,6 +76,8 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   host_fallback_ = staged_ && options.host_fallback;
   if (staged_ && options.device_budget) device_budget_ = *options.device_budget;
   open_exchange(selected, options);
+  mapped_access_ = io_->mapping() && !staged_;
+  mapped_iteration_ = mapped_access_ && !options_.copy && !exchange_;
   size_and_plan(std::move(selected), options);
 
   int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
@@ -688,6 +690,15 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
     if (pass_error_) throw *pass_error_;
     if (next_item_ >= plan_.items.size()) return std::nullopt;
     size_t item = next_item_;
+    if (mapped_iteration_) {
+      next_item_ = item + 1;
+      const auto& t = tensor_of_item(item);
+      auto dtype = loader::to_torch_dtype(t.entry->dtype, file_of(t), t.name());
+      auto shape = loader::to_torch_shape(*t.entry, file_of(t));
+      stats_.tensors_loaded += 1;
+      return std::make_pair(t.name(),
+                            aligned(tensor_over(mapped_storage(t, 0, t.nbytes), dtype, shape)));
+    }
     release_consumed_device_regions();
     make_ready(item, /*wait=*/true);
     pump();
@@ -745,6 +756,7 @@ const format::IndexedTensor& Loader::selected_tensor(const std::string& name) co
 c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTensor& t,
                                                         uint64_t offset, uint64_t nbytes) {
   checkpoint_->check_unchanged(t.file_index, t.name());
+  if (mapped_access_) return mapped_storage(t, offset, nbytes);
   auto range = plan::align_range(t.file_offset + offset, nbytes, io_alignment_);
   auto window = pool::allocate_host_window(range.span, range.prefix, ring_alignment_, "a tensor");
   auto* dest = static_cast<uint8_t*>(window.get()) - range.prefix;
@@ -759,6 +771,14 @@ c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTen
   if (failure) throw read_error(*failure, t);
   checkpoint_->check_unchanged(t.file_index, t.name());  // written in place during the read?
   return storage;
+}
+
+c10::intrusive_ptr<c10::StorageImpl> Loader::mapped_storage(const format::IndexedTensor& t,
+                                                            uint64_t offset,
+                                                            uint64_t nbytes) const {
+  const auto& mapping = io_->mapping();
+  return loader::make_storage_kept_by(mapping->data(t.file_index) + t.file_offset + offset, nbytes,
+                                      mapping);
 }
 
 at::Tensor Loader::get_tensor(const std::string& name) {

@@ -123,6 +123,9 @@ class Loader {
   Error read_error(const loader::ReadFailure& failure, const format::IndexedTensor& t) const;
   void release_consumed_device_regions();
   std::pair<std::string, at::Tensor> hand_out(size_t item);
+  // A storage viewing [offset, offset + nbytes) of `t` in the file mapping (mapped_access_).
+  c10::intrusive_ptr<c10::StorageImpl> mapped_storage(const format::IndexedTensor& t,
+                                                      uint64_t offset, uint64_t nbytes) const;
   at::Tensor owned_copy(const at::Tensor& tensor) const;
   const format::IndexedTensor& tensor_of_item(size_t item) const;
   const format::IndexedTensor& first_tensor(size_t group) const;
@@ -156,6 +159,10 @@ class Loader {
 
   // Staged transfer (accelerator target, or forced): staging ring -> DeviceStage.
   bool staged_ = false;
+  // The mmap backend with a CPU target: random access hands out views of the mapping, and so
+  // does iteration with copy=false (single rank): no ring, no reads.
+  bool mapped_access_ = false;
+  bool mapped_iteration_ = false;
   bool host_fallback_ = false;
   uint64_t device_budget_ = UINT64_MAX;
   std::unique_ptr<loader::DeviceStage> stage_;

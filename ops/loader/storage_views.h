@@ -6,12 +6,18 @@
 #include <c10/core/StorageImpl.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace instanttensor::loader {
 
 // A non-resizable storage of `nbytes` over `data` (which it owns if the DataPtr does).
 c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nbytes);
+
+// A non-resizable CPU storage of `nbytes` at `data`, memory that `owner` keeps alive (a file
+// mapping): the storage holds `owner` until its last tensor is gone.
+c10::intrusive_ptr<c10::StorageImpl> make_storage_kept_by(uint8_t* data, uint64_t nbytes,
+                                                          std::shared_ptr<const void> owner);
 
 // A contiguous tensor of `dtype` and `shape` over `storage`, on the storage's device.
 at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,

