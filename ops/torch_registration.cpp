@@ -24,6 +24,27 @@ std::vector<at::Tensor> load_tensors(std::vector<std::string> files, std::vector
   return out;
 }
 
+// torch.ops.instanttensor.load_into_: fills destinations[i] in place with the tensor names[i]
+// of the files (strict: every name must exist; dtype and shape must match), in one pass.
+void load_into_op(const std::vector<at::Tensor>& destinations, std::vector<std::string> files,
+                  std::vector<std::string> names) {
+  if (destinations.size() != names.size()) {
+    throw Error(ErrorKind::Argument, files.empty() ? "" : files[0], "",
+                "load_into_: " + std::to_string(destinations.size()) + " destinations for " +
+                    std::to_string(names.size()) + " names");
+  }
+  OpenOptions options;
+  options.keys = names;
+  SafeOpen opened(std::move(files), options);
+  std::map<std::string, at::Tensor> named;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!named.emplace(names[i], destinations[i]).second) {
+      throw Error(ErrorKind::Argument, "", names[i], "load_into_: the name is given twice");
+    }
+  }
+  opened.load_into(named, /*strict=*/true);
+}
+
 // torch.ops.instanttensor.save_file: safetensors.torch.save_file semantics; metadata as two
 // parallel lists (a schema-friendly dict), absent when has_metadata is false.
 void save_tensors(std::vector<at::Tensor> tensors, std::vector<std::string> names, std::string file,
@@ -103,6 +124,18 @@ class LoaderHolder : public torch::CustomClassHolder {
     return {scalar_type_name(meta.dtype), meta.shape};
   }
   at::Tensor get_tensor(const std::string& name) { return opened_.get_tensor(name); }
+  // (missing keys, unexpected keys); both empty when strict (mismatches raise instead).
+  std::tuple<std::vector<std::string>, std::vector<std::string>> load_into(
+      std::vector<std::string> names, std::vector<at::Tensor> destinations, bool strict) {
+    if (names.size() != destinations.size()) {
+      throw Error(ErrorKind::Argument, "", "",
+                  "load_into: names and destinations differ in length");
+    }
+    std::map<std::string, at::Tensor> named;
+    for (size_t i = 0; i < names.size(); ++i) named.emplace(names[i], destinations[i]);
+    auto result = opened_.load_into(named, strict);
+    return {std::move(result.missing_keys), std::move(result.unexpected_keys)};
+  }
   at::Tensor get_rows(const std::string& name, int64_t start, int64_t stop) {
     return opened_.get_rows(name, start, stop);
   }
@@ -195,6 +228,7 @@ TORCH_LIBRARY(instanttensor, m) {
   m.def(
       "save_file(Tensor[] tensors, str[] names, str file, str[] metadata_keys, "
       "str[] metadata_values, bool has_metadata) -> ()");
+  m.def("load_into_(Tensor(a!)[] destinations, str[] files, str[] names) -> ()");
   m.def("build_info() -> str", &build_info);
   m.class_<LoaderHolder>("Loader")
       .def(torch::init<std::vector<std::string>, c10::Device, bool,
@@ -221,6 +255,7 @@ TORCH_LIBRARY(instanttensor, m) {
       .def("get_tensor_metadata", &LoaderHolder::get_tensor_metadata)
       .def("get_tensor", &LoaderHolder::get_tensor)
       .def("get_rows", &LoaderHolder::get_rows)
+      .def("load_into", &LoaderHolder::load_into)
       .def("restart", &LoaderHolder::restart)
       .def("next", &LoaderHolder::next)
       .def("stats", &LoaderHolder::stats)
@@ -235,6 +270,7 @@ TORCH_LIBRARY(instanttensor, m) {
 TORCH_LIBRARY_IMPL(instanttensor, CompositeExplicitAutograd, m) {
   m.impl("load_tensors", &load_tensors);
   m.impl("save_file", &save_tensors);
+  m.impl("load_into_", &load_into_op);
 }
 
 }  // namespace instanttensor

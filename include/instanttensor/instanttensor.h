@@ -80,6 +80,12 @@ struct Stats {
   std::string backend;             // the read backend in use
 };
 
+// What load_into left unfilled (both empty with strict=true, which raises instead), sorted.
+struct LoadIntoResult {
+  std::vector<std::string> missing_keys;     // destinations with no selected tensor of that name
+  std::vector<std::string> unexpected_keys;  // selected tensors with no destination
+};
+
 class Loader;  // the engine behind SafeOpen (ops/loader/loader.h)
 
 // An open checkpoint: one or many safetensors files (sorted by path), validated up front.
@@ -113,6 +119,18 @@ class SafeOpen {
   // Rows [start, stop) of dimension 0 of a tensor, as an owned tensor; only their bytes are
   // read. Error(Argument) for a 0-d tensor or rows out of range.
   at::Tensor get_rows(const std::string& name, int64_t start, int64_t stop);
+
+  // Fills tensors the caller owns (a model's state_dict: name -> tensor, any device) in place
+  // with the selected tensors of the same names, in one pass over the bytes: CPU destinations
+  // are read straight into (O_DIRECT where their address and the file offset agree modulo the
+  // block), accelerator ones through the pinned staging ring with no device allocation. Before
+  // any byte is written: a dtype or shape that differs from the file's, a destination that
+  // overlaps itself (expanded) or another one is Error(Argument) naming the tensor; names on one
+  // side only are Error(Key) listing them when `strict`, else returned. Returns after every
+  // destination holds its bytes (device copies done). Independent of iteration (which may be
+  // underway); with a process group every rank reads and fills all its destinations itself.
+  LoadIntoResult load_into(const std::map<std::string, at::Tensor>& destinations,
+                           bool strict = true);
 
   // Starts a new pass over the selected tensors in storage order (abandoning any pass underway).
   void restart();

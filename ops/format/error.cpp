@@ -27,7 +27,7 @@ static std::string compose(ErrorKind kind, const std::string& file, const std::s
                            const std::string& detail) {
   std::string message = std::string("[instanttensor:") + error_kind_name(kind) + "] ";
   if (!file.empty()) message += file + ": ";
-  if (!tensor.empty() || kind == ErrorKind::Key) message += "tensor '" + tensor + "': ";
+  if (!tensor.empty()) message += "tensor '" + tensor + "': ";
   return message + detail;
 }
 

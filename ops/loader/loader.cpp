@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "loader/load_into.h"
 #include "loader/memory_plan.h"
 #include "loader/storage_views.h"
 #include "loader/torch_dtype.h"
@@ -813,6 +814,20 @@ at::Tensor Loader::get_rows(const std::string& name, int64_t start, int64_t stop
   auto storage = read_owned(t, static_cast<uint64_t>(start) * row_bytes,
                             static_cast<uint64_t>(stop - start) * row_bytes);
   return to_target_device(aligned(tensor_over(std::move(storage), dtype, shape)));
+}
+
+LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
+                                 const std::vector<at::Tensor>& destinations, bool strict) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_open();
+  auto matched = loader::match_destinations(*checkpoint_, plan_.items, names, destinations, strict);
+  checkpoint_->check_unchanged();
+  auto start = Clock::now();
+  uint64_t staging = memory_.staging_bytes ? memory_.staging_bytes : loader::kDefaultStagingBytes;
+  loader::fill_destinations(matched.fills, *checkpoint_, *io_, *reads_, chunk_size_, staging,
+                            staged_ && options_.device.is_cpu(), stats_);
+  stats_.wait_seconds += seconds_since(start);
+  return matched.result;
 }
 
 void Loader::close() {

@@ -44,6 +44,8 @@ class Loader {
   TensorMetadata get_tensor_metadata(const std::string& name) const;
   at::Tensor get_tensor(const std::string& name);
   at::Tensor get_rows(const std::string& name, int64_t start, int64_t stop);
+  LoadIntoResult load_into(const std::vector<std::string>& names,
+                           const std::vector<at::Tensor>& destinations, bool strict);
   void restart();
   std::optional<std::pair<std::string, at::Tensor>> next();
   Stats stats() const;

@@ -17,10 +17,10 @@ io::ReadBackend& ReadScheduler::backend() {
 }
 
 size_t ReadScheduler::submit(size_t file_index, const plan::AlignedRange& range, uint8_t* dest,
-                             uint64_t tag) {
+                             uint64_t tag, bool buffered) {
   auto pieces = plan::split_into_pieces(range, chunk_size_);
   if (pieces.empty()) return 0;
-  int fd = io_.read_fd(file_index);
+  int fd = buffered ? io_.buffered_fd(file_index) : io_.read_fd(file_index);
   tags_[tag].pending += pieces.size();
   for (const auto& piece : pieces) {
     backend().submit(io::ReadRequest{fd, range.begin + piece.offset, piece.length,

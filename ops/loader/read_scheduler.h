@@ -32,8 +32,11 @@ class ReadScheduler {
   ~ReadScheduler();
 
   // Submits `range` of file `file_index` in pieces of at most chunk_size, landing at `dest`
-  // (which must stay valid until the tag is done). Returns the number of pieces.
-  size_t submit(size_t file_index, const plan::AlignedRange& range, uint8_t* dest, uint64_t tag);
+  // (which must stay valid until the tag is done). `buffered`: through the file's buffered fd
+  // even when the checkpoint is read with O_DIRECT (ranges and memory that are not aligned).
+  // Returns the number of pieces.
+  size_t submit(size_t file_index, const plan::AlignedRange& range, uint8_t* dest, uint64_t tag,
+                bool buffered = false);
   // Blocks for one completion and books it. Precondition: in_flight() > 0.
   void wait_one();
   // Every piece submitted under `tag` has completed (true for a tag never submitted).

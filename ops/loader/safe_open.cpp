@@ -23,6 +23,17 @@ TensorMetadata SafeOpen::get_tensor_metadata(const std::string& name) const {
   return loader_->get_tensor_metadata(name);
 }
 at::Tensor SafeOpen::get_tensor(const std::string& name) { return loader_->get_tensor(name); }
+LoadIntoResult SafeOpen::load_into(const std::map<std::string, at::Tensor>& destinations,
+                                   bool strict) {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;
+  for (const auto& [name, tensor] : destinations) {
+    names.push_back(name);
+    tensors.push_back(tensor);
+  }
+  return loader_->load_into(names, tensors, strict);
+}
+
 at::Tensor SafeOpen::get_rows(const std::string& name, int64_t start, int64_t stop) {
   return loader_->get_rows(name, start, stop);
 }

@@ -10,9 +10,11 @@ from ._library import load_library
 load_library()
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
-from ._files import load_file, save_file  # noqa: E402
-from ._safe_open import SafeSlice, safe_open  # noqa: E402
+from ._files import load_file, load_into, save_file  # noqa: E402
+from ._safe_open import LoadIntoResult, SafeSlice, safe_open  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["safe_open", "SafeSlice", "load_file", "save_file", "__version__"]
+__all__ = [
+    "safe_open", "SafeSlice", "LoadIntoResult", "load_file", "load_into", "save_file", "__version__",
+]

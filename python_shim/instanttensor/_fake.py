@@ -24,3 +24,9 @@ def _load_tensors_fake(files: list[str], names: list[str], device: torch.device)
 @torch.library.register_fake("instanttensor::save_file")
 def _save_file_fake(tensors, names, file, metadata_keys, metadata_values, has_metadata) -> None:
     return None
+
+
+@torch.library.register_fake("instanttensor::load_into_")
+def _load_into_fake(destinations, files, names) -> None:
+    # Mutates its destinations in place: nothing to create, shapes and dtypes are theirs.
+    return None

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Union
+from typing import Any, Mapping, Sequence, Union
 
 import torch
 
 from ._device import DeviceLike
 from ._errors import engine_errors
-from ._safe_open import safe_open
+from ._safe_open import LoadIntoResult, safe_open
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -18,6 +18,17 @@ def load_file(filename: PathLike, device: DeviceLike = "cpu") -> dict[str, torch
     """Every tensor of `filename` as an owned tensor on `device`, in storage order."""
     with safe_open(filename, framework="pt", device=device) as f:
         return {name: tensor for name, tensor in f.tensors()}
+
+
+def load_into(destinations: Mapping[str, torch.Tensor], filename: PathLike | Sequence[PathLike],
+              *, strict: bool = True, **options: Any) -> LoadIntoResult:
+    """Fills `destinations` (name -> Tensor you own, e.g. `model.state_dict()`) in place from
+    `filename` (one file or a list), in one pass; see `safe_open.load_into`. `options` are
+    safe_open's (backend=, concurrency=, process_group=, ...); the destinations' own devices
+    decide where bytes go.
+    """
+    with safe_open(filename, framework="pt", **options) as f:
+        return f.load_into(destinations, strict=strict)
 
 
 def _shared_groups(tensors: dict[str, torch.Tensor]) -> list[list[str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 import torch
 
@@ -57,6 +57,13 @@ def _device_budget(device: torch.device, max_free_mem_usage: float | None) -> in
                              "accepted: a number in (0, 1]") from None
     free, _ = torch.cuda.mem_get_info(device.index)
     return max(1, int(free * float(max_free_mem_usage)))
+
+
+class LoadIntoResult(NamedTuple):
+    """What load_into(strict=False) left unfilled, as Module.load_state_dict reports it."""
+
+    missing_keys: list[str]  # destinations with no tensor of that name in the checkpoint
+    unexpected_keys: list[str]  # tensors of the checkpoint with no destination
 
 
 class SafeSlice:
@@ -256,6 +263,32 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy slice object (safetensors API); indexing reads only the needed rows."""
         return SafeSlice(self, name)
+
+    def load_into(self, destinations: Mapping[str, torch.Tensor], *,
+                  strict: bool = True) -> LoadIntoResult:
+        """Fills tensors you own (a model's `state_dict()` works) in place, in one pass.
+
+        Each destination receives the selected tensor of the same name: CPU tensors are read
+        straight into (O_DIRECT where their address and the file offset agree modulo the block),
+        accelerator tensors through the pinned staging ring with no device allocation. Before any
+        byte is written: ValueError for a dtype or shape that differs from the file's, or for
+        destinations that overlap themselves or each other; KeyError listing the names found on
+        one side only, unless strict=False, which fills what both sides have and returns the rest
+        as (missing_keys, unexpected_keys), like `Module.load_state_dict`.
+        """
+        if not isinstance(destinations, Mapping):
+            raise TypeError("destinations must be a mapping of name -> Tensor "
+                            f"(a state_dict), not {type(destinations).__name__}")
+        names, tensors = [], []
+        for name, tensor in destinations.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"destination {name!r} is a {type(tensor).__name__}, "
+                                "not a torch.Tensor")
+            names.append(name)
+            tensors.append(tensor.detach())
+        with engine_errors():
+            missing, unexpected = self._handle.load_into(names, tensors, bool(strict))
+        return LoadIntoResult(list(missing), list(unexpected))
 
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         with engine_errors():

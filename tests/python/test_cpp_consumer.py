@@ -68,6 +68,11 @@ def test_installed_library_serves_an_outside_program(installed_prefix, tmp_path)
         data = bytes(tensor.contiguous().view(-1).view(torch.uint8).numpy())
         assert lines[name].endswith(f"fnv1a={fnv1a(data):x}"), (name, lines[name])
 
+    into = subprocess.run([str(build / "load_checkpoint"), "--into", path], capture_output=True,
+                          text=True, env=env, timeout=60)  # SafeOpen::load_into
+    assert into.returncode == 0, into.stderr
+    assert sorted(into.stdout.splitlines()) == sorted(run.stdout.splitlines())
+
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x02\x00")
     failed = subprocess.run([str(build / "load_checkpoint"), str(bad)], capture_output=True,

@@ -1,0 +1,350 @@
+#include "loader/load_into.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/ScopeExit.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+#include "loader/device_stage.h"
+#include "loader/memory_plan.h"
+#include "loader/storage_views.h"
+#include "loader/torch_dtype.h"
+#include "pool/host_buffer.h"
+
+namespace instanttensor::loader {
+
+namespace {
+
+const std::string& file_of(const format::Checkpoint& checkpoint, const format::IndexedTensor& t) {
+  return checkpoint.files()[t.file_index].path;
+}
+
+std::string shape_text(c10::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::string some_names(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 20;
+  std::string text;
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) text += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) text += ", and " + std::to_string(names.size() - kShown) + " more";
+  return text;
+}
+
+// [first byte, one past the last byte) that a strided destination's elements touch.
+std::pair<uintptr_t, uintptr_t> byte_extent(const at::Tensor& t) {
+  auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  uint64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    last += static_cast<uint64_t>(t.size(d) - 1) * static_cast<uint64_t>(t.stride(d));
+  }
+  return {begin, begin + (last + 1) * t.element_size()};
+}
+
+void check_destination(const format::Checkpoint& checkpoint, const Fill& fill) {
+  const auto& t = *fill.source;
+  const std::string& file = file_of(checkpoint, t);
+  const at::Tensor& dest = fill.destination;
+  auto fail = [&](const std::string& why) {
+    throw Error(ErrorKind::Argument, file, t.name(), "load_into: the destination " + why);
+  };
+  if (!dest.defined()) fail("is an undefined tensor");
+  if (dest.layout() != at::kStrided) fail("is not a strided tensor");
+  if (dest.is_meta()) fail("is a meta tensor, with no memory to fill");
+  auto dtype = to_torch_dtype(t.entry->dtype, file, t.name());
+  if (dest.scalar_type() != dtype) {
+    fail(std::string("has dtype ") + c10::toString(dest.scalar_type()) + ", the file has " +
+         c10::toString(dtype));
+  }
+  auto shape = to_torch_shape(*t.entry, file);
+  if (dest.sizes() != c10::IntArrayRef(shape)) {
+    fail("has shape " + shape_text(dest.sizes()) + ", the file has " + shape_text(shape));
+  }
+  if (dest.numel() > 0 && at::has_internal_overlap(dest) == at::MemOverlap::Yes) {
+    fail("is not writable element by element (its elements overlap, as in an expanded tensor)");
+  }
+}
+
+Error read_failure_error(const ReadFailure& failure, const std::string& file,
+                         const std::string& name) {
+  if (failure.error != 0) {
+    return Error(error_kind_for_errno(failure.error), file, name,
+                 std::string("read failed: ") + std::strerror(failure.error));
+  }
+  return Error(ErrorKind::Io, file, name, "file shrank during the load (short read)");
+}
+
+uint64_t round_up(uint64_t value, uint64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// Submits the bytes of `t` into `to` (host memory the caller keeps alive until `tag` is done).
+void submit_into_host(ReadScheduler& reads, io::IoSetup& io, const format::IndexedTensor& t,
+                      uint8_t* to, uint64_t tag) {
+  const uint64_t begin = t.file_offset, end = t.file_offset + t.nbytes;
+  const uint64_t block = io.alignment();
+  if (io.direct()) {
+    uint64_t middle_begin = round_up(begin, block), middle_end = end / block * block;
+    bool congruent = reinterpret_cast<uintptr_t>(to) % block == begin % block;
+    if (congruent && middle_end > middle_begin) {
+      // O_DIRECT straight into the destination for whole blocks; the edges through the page
+      // cache (reading a partial block directly would write outside the destination).
+      if (middle_begin > begin) {
+        reads.submit(t.file_index, plan::align_range(begin, middle_begin - begin, 1), to, tag,
+                     /*buffered=*/true);
+      }
+      reads.submit(t.file_index, plan::align_range(middle_begin, middle_end - middle_begin, 1),
+                   to + (middle_begin - begin), tag);
+      if (end > middle_end) {
+        reads.submit(t.file_index, plan::align_range(middle_end, end - middle_end, 1),
+                     to + (middle_end - begin), tag, /*buffered=*/true);
+      }
+      return;
+    }
+  }
+  reads.submit(t.file_index, plan::align_range(begin, t.nbytes, 1), to, tag, /*buffered=*/true);
+}
+
+// Waits for every tag (reads must not outlive this call: they write into the caller's memory),
+// then throws the first failure.
+void wait_all(ReadScheduler& reads, const format::Checkpoint& checkpoint,
+              const std::vector<std::pair<uint64_t, const Fill*>>& tags) {
+  std::optional<Error> first;
+  for (const auto& [tag, fill] : tags) {
+    while (!reads.done(tag)) reads.wait_one();
+    auto failure = reads.failure(tag);
+    reads.forget(tag);
+    if (failure && !first) {
+      first =
+          read_failure_error(*failure, file_of(checkpoint, *fill->source), fill->source->name());
+    }
+  }
+  if (first) throw *first;
+}
+
+// Accelerator destinations (or any, when staging is forced): reads land in the staging ring in
+// slices and are copied into the destination on the loader's stream.
+void fill_through_staging(const std::vector<const Fill*>& fills, c10::Device device,
+                          const format::Checkpoint& checkpoint, io::IoSetup& io,
+                          ReadScheduler& reads, uint64_t chunk_size, uint64_t staging_bytes,
+                          uint64_t& sequence) {
+  const uint64_t block = std::max<uint64_t>(io.alignment(), 64);
+  DeviceStage stage(device, staging_bytes, block, 0);
+  auto close_stage = c10::make_scope_exit([&stage] { stage.close(); });
+  // Two slices fit at once, whatever the read widening, so reads and copies overlap.
+  uint64_t slice = std::min(chunk_size, staging_bytes / 2 - 2 * kMaxDirectAlignment);
+  slice = std::max(block, slice / block * block);
+  c10::DeviceGuard guard(device);
+  // Work already queued on the consumer's stream may still read the old values.
+  CopyFence::after(stage.streams().consumer()).block(stage.streams().loader());
+
+  struct Pending {
+    uint64_t tag;
+    BorrowRing::Region* region;
+    const uint8_t* staged;
+    uint8_t* to;
+    uint64_t nbytes;
+    const Fill* fill;
+  };
+  std::deque<Pending> pending;
+  std::optional<Error> failed;
+  CopyFence last;
+  auto land_oldest = [&] {
+    Pending p = pending.front();
+    pending.pop_front();
+    while (!reads.done(p.tag)) reads.wait_one();
+    auto failure = reads.failure(p.tag);
+    reads.forget(p.tag);
+    if (failure && !failed) {
+      failed = read_failure_error(*failure, file_of(checkpoint, *p.fill->source),
+                                  p.fill->source->name());
+    }
+    if (failed) return;  // nothing more is copied; the remaining reads are only waited for
+    p.region->readers_done = stage.copy_to_device(p.staged, p.to, p.nbytes);
+    last = p.region->readers_done;
+  };
+  auto& staging = stage.staging();
+  // Reads still in flight write into the staging ring: wait for them before it is freed.
+  auto drain = c10::make_scope_exit([&] {
+    for (const auto& p : pending) {
+      while (!reads.done(p.tag)) reads.wait_one();
+      reads.forget(p.tag);
+    }
+  });
+  for (const Fill* fill : fills) {
+    if (failed) break;
+    const auto& t = *fill->source;
+    auto* to = static_cast<uint8_t*>(fill->destination.data_ptr());
+    for (uint64_t done = 0; done < t.nbytes && !failed; done += slice) {
+      uint64_t nbytes = std::min(slice, t.nbytes - done);
+      auto range = plan::align_range(t.file_offset + done, nbytes, io.alignment());
+      BorrowRing::Region* region = nullptr;
+      while ((region = staging.place(range.span, 0)) == nullptr) {
+        if (!pending.empty()) {
+          land_oldest();
+        } else {
+          staging.release_oldest();  // waits on the host for the copy that read it
+        }
+      }
+      uint64_t tag = kLoadIntoTag | sequence++;
+      reads.submit(t.file_index, range, region->data, tag);
+      pending.push_back({tag, region, region->data + range.prefix, to + done, nbytes, fill});
+    }
+  }
+  while (!pending.empty()) land_oldest();
+  if (failed) throw *failed;
+  last.block(stage.streams().consumer());
+  while (!staging.regions().empty()) staging.release_oldest();  // every copy has finished
+}
+
+}  // namespace
+
+MatchedDestinations match_destinations(const format::Checkpoint& checkpoint,
+                                       const std::vector<size_t>& selected,
+                                       const std::vector<std::string>& names,
+                                       const std::vector<at::Tensor>& tensors, bool strict) {
+  const std::string& first_file = checkpoint.files()[0].path;
+  if (names.size() != tensors.size()) {
+    throw Error(ErrorKind::Argument, first_file, "",
+                "load_into: " + std::to_string(tensors.size()) + " destinations for " +
+                    std::to_string(names.size()) + " names");
+  }
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!by_name.emplace(names[i], i).second) {
+      throw Error(ErrorKind::Argument, first_file, names[i], "load_into: the name is given twice");
+    }
+  }
+  MatchedDestinations matched;
+  std::vector<bool> used(names.size(), false);
+  for (size_t index : selected) {
+    const auto& t = checkpoint.tensors()[index];
+    auto found = by_name.find(t.name());
+    if (found == by_name.end()) {
+      matched.result.unexpected_keys.push_back(t.name());
+      continue;
+    }
+    used[found->second] = true;
+    matched.fills.push_back(Fill{&t, tensors[found->second]});
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!used[i]) matched.result.missing_keys.push_back(names[i]);
+  }
+  std::sort(matched.result.missing_keys.begin(), matched.result.missing_keys.end());
+  std::sort(matched.result.unexpected_keys.begin(), matched.result.unexpected_keys.end());
+  if (strict && (!matched.result.missing_keys.empty() || !matched.result.unexpected_keys.empty())) {
+    std::string message = "load_into (strict):";
+    if (!matched.result.missing_keys.empty()) {
+      message += " " + std::to_string(matched.result.missing_keys.size()) +
+                 " destination(s) with no tensor in the checkpoint: " +
+                 some_names(matched.result.missing_keys) + ";";
+    }
+    if (!matched.result.unexpected_keys.empty()) {
+      message += " " + std::to_string(matched.result.unexpected_keys.size()) +
+                 " tensor(s) of the checkpoint with no destination: " +
+                 some_names(matched.result.unexpected_keys) + ";";
+    }
+    message += " pass strict=False to fill the names both sides have";
+    throw Error(ErrorKind::Key, first_file, "", message);
+  }
+  for (const auto& fill : matched.fills) check_destination(checkpoint, fill);
+  // No two destinations may share a byte: the later read would overwrite the earlier one.
+  std::vector<std::tuple<c10::Device, uintptr_t, uintptr_t, const Fill*>> extents;
+  for (const auto& fill : matched.fills) {
+    if (fill.destination.numel() == 0) continue;
+    auto [begin, end] = byte_extent(fill.destination);
+    extents.emplace_back(fill.destination.device(), begin, end, &fill);
+  }
+  std::sort(extents.begin(), extents.end(), [](const auto& a, const auto& b) {
+    return std::make_tuple(std::get<0>(a).type(), std::get<0>(a).index(), std::get<1>(a)) <
+           std::make_tuple(std::get<0>(b).type(), std::get<0>(b).index(), std::get<1>(b));
+  });
+  for (size_t i = 1; i < extents.size(); ++i) {
+    const auto& [device_a, begin_a, end_a, fill_a] = extents[i - 1];
+    const auto& [device_b, begin_b, end_b, fill_b] = extents[i];
+    if (device_a == device_b && begin_b < end_a) {
+      throw Error(ErrorKind::Argument, file_of(checkpoint, *fill_b->source), fill_b->source->name(),
+                  "load_into: the destination shares memory with the destination of '" +
+                      fill_a->source->name() + "'");
+    }
+  }
+  return matched;
+}
+
+void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint& checkpoint,
+                       io::IoSetup& io, ReadScheduler& reads, uint64_t chunk_size,
+                       uint64_t staging_bytes, bool force_staging, Stats& stats) {
+  uint64_t sequence = 0;
+  std::vector<std::pair<uint64_t, const Fill*>> host_tags;
+  std::vector<std::pair<c10::DataPtr, const Fill*>> temporaries;
+  std::map<std::pair<int, int>, std::vector<const Fill*>> staged;  // by device
+  std::vector<Fill> device_stand_ins;
+  device_stand_ins.reserve(fills.size());
+  try {
+    for (const auto& fill : fills) {
+      const auto& t = *fill.source;
+      const at::Tensor& dest = fill.destination;
+      if (t.nbytes == 0) continue;
+      if (force_staging || !dest.is_cpu()) {
+        const Fill* target = &fill;
+        if (!dest.is_contiguous()) {
+          // A contiguous stand-in on the device, copied into the destination afterwards.
+          device_stand_ins.push_back(Fill{&t, at::empty(dest.sizes(), dest.options())});
+          target = &device_stand_ins.back();
+        }
+        auto device = dest.device();
+        staged[{static_cast<int>(device.type()), device.index()}].push_back(target);
+        continue;
+      }
+      uint8_t* to = nullptr;
+      if (dest.is_contiguous()) {
+        to = static_cast<uint8_t*>(dest.data_ptr());
+      } else {
+        temporaries.emplace_back(pool::allocate_host(t.nbytes, false, "a load_into temporary"),
+                                 &fill);
+        to = static_cast<uint8_t*>(temporaries.back().first.get());
+      }
+      uint64_t tag = kLoadIntoTag | sequence++;
+      host_tags.emplace_back(tag, &fill);
+      submit_into_host(reads, io, t, to, tag);
+    }
+  } catch (...) {
+    wait_all(reads, checkpoint, host_tags);  // nothing may still write into the destinations
+    throw;
+  }
+  wait_all(reads, checkpoint, host_tags);
+  for (auto& [memory, fill] : temporaries) {
+    const auto& t = *fill->source;
+    auto storage = make_storage(std::move(memory), t.nbytes);
+    fill->destination.copy_(tensor_over(std::move(storage), fill->destination.scalar_type(),
+                                        fill->destination.sizes().vec()));
+  }
+  for (const auto& [key, device_fills] : staged) {
+    auto device = device_fills.front()->destination.device();
+    fill_through_staging(device_fills, device, checkpoint, io, reads, chunk_size, staging_bytes,
+                         sequence);
+  }
+  for (const auto& stand_in : device_stand_ins) {
+    for (const auto& fill : fills) {
+      if (fill.source == stand_in.source) fill.destination.copy_(stand_in.destination);
+    }
+  }
+  // Bytes written in place since open must not have gone into a destination.
+  std::vector<bool> checked(checkpoint.files().size(), false);
+  for (const auto& fill : fills) {
+    if (checked[fill.source->file_index]) continue;
+    checked[fill.source->file_index] = true;
+    checkpoint.check_unchanged(fill.source->file_index, fill.source->name());
+  }
+  stats.tensors_loaded += fills.size();
+}
+
+}  // namespace instanttensor::loader
