@@ -151,6 +151,49 @@ TEST(Loader, GetRowsReadsOnlyThoseRowsAndMatchesTheSlice) {
   }
 }
 
+// Runs once per read backend: destinations filled in place, errors before any byte is written.
+TEST(Loader, LoadIntoFillsDestinationsInPlace) {
+  TempDir dir;
+  auto model = write_model(dir);
+  for (bool staged : {false, true}) {
+    SCOPED_TRACE(staged ? "staged" : "direct to the destination");
+    OpenOptions options;
+    options.force_staging = staged;
+    options.staging_size = 32 << 10;
+    SafeOpen f(model.files, options);
+    std::map<std::string, at::Tensor> destinations;
+    for (const auto& [name, t] : model.tensors) destinations[name] = at::zeros_like(t);
+    std::map<std::string, void*> pointers;
+    for (auto& [name, t] : destinations) pointers[name] = t.data_ptr();
+    auto result = f.load_into(destinations);
+    EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
+    for (const auto& [name, t] : destinations) {
+      EXPECT_EQ(t.data_ptr(), pointers[name]) << name;
+      EXPECT_TRUE(same_bytes(t, model.tensors[name])) << name;
+    }
+    // A wrong shape: nothing is written anywhere.
+    std::map<std::string, at::Tensor> bad;
+    for (const auto& [name, t] : model.tensors) bad[name] = at::zeros_like(t);
+    bad["layers.1.attn.weight"] = at::zeros({32, 31});
+    try {
+      f.load_into(bad);
+      ADD_FAILURE() << "a wrong shape went unnoticed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Argument);
+      EXPECT_NE(std::string(e.what()).find("layers.1.attn.weight"), std::string::npos) << e.what();
+    }
+    for (const auto& [name, t] : bad) EXPECT_FALSE(t.any().item<bool>()) << name;
+    // Names on one side only: Key when strict, reported otherwise.
+    std::map<std::string, at::Tensor> partial{{"head.bias", at::zeros({7}, at::kByte)},
+                                              {"nope", at::zeros({1})}};
+    EXPECT_THROW(f.load_into(partial), Error);
+    auto left = f.load_into(partial, /*strict=*/false);
+    EXPECT_EQ(left.missing_keys, std::vector<std::string>{"nope"});
+    EXPECT_EQ(left.unexpected_keys.size(), model.tensors.size() - 1);
+    EXPECT_TRUE(same_bytes(partial["head.bias"], model.tensors["head.bias"]));
+  }
+}
+
 TEST(Loader, CopiedTensorsOwnExactlyTheirBytes) {
   TempDir dir;
   auto model = write_model(dir);

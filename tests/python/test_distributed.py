@@ -60,6 +60,18 @@ RANK_SCRIPT = textwrap.dedent("""
     def load(result, inject):
         if spec.get("vllm"):
             return load_like_vllm(result)
+        if spec.get("into"):
+            with instanttensor.safe_open(files, process_group=dist.group.WORLD,
+                                         **spec["options"]) as f:
+                destinations = {}
+                for name in f.keys():
+                    dtype, shape = f.get_tensor_metadata(name)
+                    destinations[name] = torch.empty(shape, dtype=dtype)
+                f.load_into(destinations)
+                result.update(digests={
+                    n: hashlib.sha256(t.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                    for n, t in destinations.items()}, stats=f.stats())
+            return
         with instanttensor.safe_open(files, process_group=dist.group.WORLD, **spec["options"]) as f:
             if inject and spec.get("break_rank") == rank:
                 os.truncate(files[-1], 64)  # this rank's copy changes after the handshake
@@ -277,3 +289,12 @@ def test_a_file_changed_on_one_rank_raises_on_every_rank(tmp_path, checkpoint, w
     for rank, result in enumerate(results):
         if rank != 1:
             assert "rank 1 failed" in result.get("error", ""), result
+
+
+def test_load_into_fills_every_destination_on_every_rank(tmp_path, checkpoint):
+    paths, expected, total = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {"keys": None, "chunk_size": 4096}, into=True)
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert result["stats"]["bytes_read"] == total  # each rank reads what it fills
