@@ -73,7 +73,14 @@ void IoSetup::close() {
 }
 
 std::unique_ptr<ReadBackend> IoSetup::start_backend(int threads, int depth) {
-  if (mapping_) return make_mapped_copy_pool(mapping_, threads);
+  if (mapping_) {
+    if (threads == 0) {
+      return make_inline_reader([mapping = mapping_](const ReadRequest& request) {
+        return copy_from_mapping(*mapping, request);
+      });
+    }
+    return make_mapped_copy_pool(mapping_, threads);
+  }
   if (uring_) {
     try {
       return make_uring_backend(static_cast<unsigned>(depth));
@@ -83,6 +90,7 @@ std::unique_ptr<ReadBackend> IoSetup::start_backend(int threads, int depth) {
                      " (io_uring fallback: " + e.what() + ")";
     }
   }
+  if (threads == 0) return make_inline_reader(pread_request);
   return make_pread_pool(threads);
 }
 

@@ -40,7 +40,9 @@ class IoSetup {
   int buffered_fd(size_t index) const { return buffered_fds_[index]; }
 
   // Starts the backend the chain chose: io_uring when asked for and available, else the pread
-  // pool of `threads` workers. Consumer thread; call once.
+  // pool (or the mapping's copy pool) of `threads` workers; threads == 0 reads inline on the
+  // consumer's thread (small checkpoints; io_uring, when asked for, is kept). Consumer thread;
+  // call once.
   std::unique_ptr<ReadBackend> start_backend(int threads, int depth);
   // "pread", "pread+O_DIRECT", "io_uring+O_DIRECT", ... and why a fallback happened, if any.
   const std::string& description() const { return description_; }

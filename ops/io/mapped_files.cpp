@@ -39,8 +39,6 @@ size_t MappedFiles::index_of_fd(int fd) const {
   return kNoFile;
 }
 
-namespace {
-
 ReadCompletion copy_from_mapping(const MappedFiles& files, const ReadRequest& request) {
   auto start = std::chrono::steady_clock::now();
   ReadCompletion done;
@@ -73,8 +71,6 @@ ReadCompletion copy_from_mapping(const MappedFiles& files, const ReadRequest& re
   done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return done;
 }
-
-}  // namespace
 
 std::unique_ptr<ReadBackend> make_mapped_copy_pool(std::shared_ptr<const MappedFiles> files,
                                                    int threads) {

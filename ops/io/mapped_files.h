@@ -42,10 +42,12 @@ class MappedFiles {
   std::vector<File> files_;
 };
 
+// One "read" of the mmap backend: memcpy from the mapping (size re-checked first). Any thread.
 // A pool of `threads` workers whose reads are memcpy from `files` (requests name the buffered
 // fds the mapping was made from). Each copy first re-checks the file's size with fstat, so a
 // file that shrank is a truncated read, not SIGBUS, on this path. Same contract as the pread
 // pool otherwise.
+ReadCompletion copy_from_mapping(const MappedFiles& files, const ReadRequest& request);
 std::unique_ptr<ReadBackend> make_mapped_copy_pool(std::shared_ptr<const MappedFiles> files,
                                                    int threads);
 

@@ -64,6 +64,16 @@ std::unique_ptr<ReadBackend> make_uring_backend(unsigned depth);
 // joins the workers.
 std::unique_ptr<ReadBackend> make_pread_pool(int threads);
 
+// Serves each request on the caller's thread inside submit() (completions are returned in
+// order by wait_completion): for small checkpoints, where starting and joining workers costs
+// more than the reads.
+std::unique_ptr<ReadBackend> make_inline_reader(
+    std::function<ReadCompletion(const ReadRequest&)> perform);
+
+// One blocking pread of `request` (retrying EINTR/EAGAIN, continuing after short reads): what
+// a pread pool worker does. Any thread.
+ReadCompletion pread_request(const ReadRequest& request);
+
 // The pool behind make_pread_pool with another way to serve a request (`perform` runs on the
 // workers, several at once, and must only write into the request's memory).
 std::unique_ptr<ReadBackend> make_worker_pool(

@@ -6,13 +6,25 @@ import argparse
 import os
 import sys
 import tempfile
-import time
+
+
+PATHS = {
+    "instanttensor load_into": "fill tensors you own (model.state_dict()) in place: one pass, "
+                               "no loader memory",
+    "instanttensor copy=True": "iterate owned tensors (safetensors' contract): two passes, the "
+                               "first touch of fresh memory bounds it warm",
+    "instanttensor copy=False": "iterate borrowed views of a bounded ring (vLLM's "
+                                "INSTANTTENSOR_COPY=0): memory stays at buffer_size",
+    "instanttensor mmap copy=False": "views of the file mapping (backend='mmap', explicit: SIGBUS "
+                                     "if the file is truncated under live views)",
+    "safetensors safe_open": "the reference reader, for comparison",
+}
 
 
 def _demo(args: argparse.Namespace) -> int:
     import torch
 
-    from . import safe_open
+    from . import bench
     from ._demo_checkpoint import write_model_like_checkpoint
 
     folder = args.dir or os.path.join(tempfile.gettempdir(), "instanttensor-demo")
@@ -23,56 +35,22 @@ def _demo(args: argparse.Namespace) -> int:
             os.remove(os.path.join(folder, old))
         write_model_like_checkpoint(folder, total_mb=args.size_mb)
         open(marker, "w").close()
-    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
-
-    # The workload every contender runs: copy each tensor into a preallocated destination of
-    # the same shape, as a model loader does, so every byte is touched (mmap readers are lazy).
-    with safe_open(files) as f:
-        destinations = {name: torch.empty(shape, dtype=dtype)
-                        for name in f.keys() for dtype, shape in [f.get_tensor_metadata(name)]}
-        total = f.total_tensor_size
-    for tensor in destinations.values():
-        tensor.view(-1).view(torch.uint8).fill_(0)  # pre-fault
-
-    def report(label: str, seconds: float, extra: str = "") -> None:
-        print(f"{label:28s}: {len(destinations)} tensors, {total / 1e6:.1f} MB in {seconds:.3f} s"
-              f" = {total / seconds / 1e9:.2f} GB/s{extra}", flush=True)
-
-    def ours(copy: bool) -> None:
-        start = time.perf_counter()
-        with safe_open(files, device="cpu", copy=copy) as f:
-            for name, tensor in f.tensors():
-                destinations[name].copy_(tensor)
-            stats = f.stats()
-        report(f"instanttensor copy={copy}", time.perf_counter() - start,
-               f" (materializations {stats['materializations']}, backend {stats['backend']})")
-
-    def reference() -> None:
-        from safetensors import safe_open as reference_open
-
-        start = time.perf_counter()
-        for path in files:
-            with reference_open(path, framework="pt") as f:
-                for name in f.keys():
-                    destinations[name].copy_(f.get_tensor(name))
-        report("safetensors safe_open", time.perf_counter() - start)
-
-    from .bench import warm_up
-
-    residency = warm_up(files)  # every contender then reads from the page cache
-    print(f"checkpoint: {len(files)} files, {total / 1e6:.1f} MB in {folder}; "
-          f"torch {torch.__version__}; page cache warm ({residency:.0%} resident)")
-    contenders = [lambda: ours(True), lambda: ours(False)]
+    print(f"torch {torch.__version__}; every contender copies each tensor into a preallocated "
+          "destination (load_into fills it directly); fresh process per sample, interleaved, "
+          "medians; cold = evicted from the page cache first, warm = cached.", flush=True)
+    names = list(PATHS)
     try:
         import safetensors  # noqa: F401
-
-        contenders.append(reference)
     except ImportError:
-        pass
-    for _ in range(2):  # interleaved rounds
-        for run in contenders:
-            run()
-    return 0
+        names.remove("safetensors safe_open")
+    run_args = argparse.Namespace(
+        checkpoint=folder, samples=args.samples, modes="cold,warm", json=args.json, ranks=0,
+        only=",".join(names + ["baseline (torch + destinations)"]), size_gb=None, dir=None)
+    code = bench.run(run_args)
+    print("\nwhat each path is for:")
+    for name in names:
+        print(f"  {name:30s} {PATHS[name]}")
+    return code
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -92,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="write a model-like checkpoint and load it (default)")
     demo.add_argument("--size-mb", type=int, default=256)
     demo.add_argument("--dir", default=None, help="where to keep the checkpoint")
+    demo.add_argument("--samples", type=int, default=3)
+    demo.add_argument("--json", default=None, help="also write the results as JSON here")
     from . import bench
 
     bench.add_arguments(commands.add_parser("bench", help="benchmark against peers and ceilings"))

@@ -17,7 +17,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 def load_file(filename: PathLike, device: DeviceLike = "cpu") -> dict[str, torch.Tensor]:
     """Every tensor of `filename` as an owned tensor on `device`, in storage order."""
     with safe_open(filename, framework="pt", device=device) as f:
-        return {name: tensor for name, tensor in f.tensors()}
+        return f._all_tensors()
 
 
 def load_into(destinations: Mapping[str, torch.Tensor], filename: PathLike | Sequence[PathLike],

@@ -10,7 +10,7 @@ import torch
 
 from ._device import DeviceLike, to_device
 from ._dtypes import format_name, torch_dtype
-from ._errors import engine_errors
+from ._errors import engine_errors, translate_error
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -199,9 +199,20 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             )
             for message in self._handle.open_warnings():
                 warnings.warn(message, stacklevel=2)
-            self.total_tensor_size: int = self._handle.total_tensor_size()
-            self.buffer_size: int = self._handle.buffer_size()
         self.copy: bool = bool(copy)
+
+    # Read on demand: each call into the engine costs microseconds that add up over many opens.
+    @property
+    def total_tensor_size(self) -> int:
+        """Bytes of the selected tensors."""
+        with engine_errors():
+            return self._handle.total_tensor_size()
+
+    @property
+    def buffer_size(self) -> int:
+        """Pool bytes (copy=False) or read-ahead budget (copy=True)."""
+        with engine_errors():
+            return self._handle.buffer_size()
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> "safe_open":
@@ -245,15 +256,31 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         """(name, tensor) in storage order; every call starts a new pass."""
         with engine_errors():
             self._handle.restart()
+        step = self._handle.next
         while True:
-            with engine_errors():
-                item = self._handle.next()
+            try:  # not engine_errors(): a context manager per tensor costs more than small reads
+                item = step()
+            except RuntimeError as error:
+                mapped = translate_error(error)
+                if mapped is error:
+                    raise
+                raise mapped from None
             if item is None:
                 return
             name, tensor = item
             del item
             yield name, tensor
             del tensor  # the consumer now owns the only reference this frame had
+
+    def _all_tensors(self) -> dict[str, torch.Tensor]:
+        """Every selected tensor, owned, in storage order (load_file's one pass)."""
+        with engine_errors():
+            self._handle.restart()
+            out = {}
+            step = self._handle.next
+            while (item := step()) is not None:
+                out[item[0]] = item[1]
+            return out
 
     def get_tensor(self, name: str) -> torch.Tensor:
         """An owned tensor, in any order, any number of times."""

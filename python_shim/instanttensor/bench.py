@@ -2,6 +2,7 @@
 
     python -m instanttensor bench [--size-gb 4] [--dir DIR | --checkpoint DIR] [--samples 3]
                                   [--modes cold,warm] [--json PATH] [--ranks N [--copy]]
+                                  [--scenarios]
 
 Workload, identical for every contender: iterate all tensors and copy each into a preallocated
 destination of the same shape (what a model loader does), so every byte is touched. Each sample
@@ -107,6 +108,20 @@ def _run_instanttensor(files, dest, copy: bool) -> None:
             dest[name].copy_(tensor)
 
 
+def _run_instanttensor_mmap(files, dest) -> None:
+    from . import safe_open
+
+    with safe_open(files, copy=False, backend="mmap") as f:
+        for name, tensor in f.tensors():  # views of the mapping: the copy_ is the only pass
+            dest[name].copy_(tensor)
+
+
+def _run_load_into(files, dest, backend: str | None = None) -> None:
+    from . import load_into
+
+    load_into(dest, files, backend=backend)
+
+
 def _run_safetensors_open(files, dest) -> None:
     from safetensors import safe_open as reference_open
 
@@ -181,6 +196,9 @@ _SOURCES: dict = {}
 CONTENDERS: dict[str, Callable] = {
     "instanttensor copy=True": lambda f, d: _run_instanttensor(f, d, True),
     "instanttensor copy=False": lambda f, d: _run_instanttensor(f, d, False),
+    "instanttensor load_into": _run_load_into,
+    "instanttensor load_into mmap": lambda f, d: _run_load_into(f, d, "mmap"),
+    "instanttensor mmap copy=False": _run_instanttensor_mmap,
     "safetensors safe_open": _run_safetensors_open,
     "safetensors load_file": _run_safetensors_load_file,
     "fastsafetensors": _run_fastsafetensors,
@@ -336,6 +354,8 @@ def checkpoint_files(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.ranks:
         return run_ranks(args)
+    if getattr(args, "scenarios", False):
+        return run_scenarios(args)
     files = checkpoint_files(args)
     total = sum(os.path.getsize(f) for f in files)
     modes = [m for m in args.modes.split(",") if m]
@@ -398,6 +418,110 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- per-open cost and many tensors (--scenario) -------------------------------------------------
+def _write_small_files(folder: str, count: int = 100, size: int = 256 << 10) -> list[str]:
+    import torch
+    from safetensors.torch import save_file
+
+    marker = os.path.join(folder, f".complete-{count}x{size}")
+    if not os.path.exists(marker):
+        os.makedirs(folder, exist_ok=True)
+        for i in range(count):
+            save_file({f"w{j}": torch.randn(size // 16) for j in range(4)},
+                      os.path.join(folder, f"small-{i:03d}.safetensors"))
+        open(marker, "w").close()
+    return sorted(glob.glob(os.path.join(folder, "small-*.safetensors")))
+
+
+def _write_many_tensors(folder: str, count: int) -> list[str]:
+    """`count` tensors of 1 KB in 4 files, as MoE checkpoints hold (experts x layers)."""
+    import torch
+    from safetensors.torch import save_file
+
+    marker = os.path.join(folder, f".complete-{count}")
+    if not os.path.exists(marker):
+        os.makedirs(folder, exist_ok=True)
+        for old in glob.glob(os.path.join(folder, "*.safetensors")):
+            os.remove(old)
+        for shard in range(4):
+            tensors = {f"model.layers.{i // 64}.experts.{i % 64}.w": torch.randn(256)
+                       for i in range(shard, count, 4)}
+            save_file(tensors, os.path.join(folder, f"shard-{shard}.safetensors"))
+        open(marker, "w").close()
+    return sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+
+
+def _scenario_worker(spec: str, files: list[str]) -> dict:
+    """One sample, after import: 'small:<lib>' loads every file with load_file; 'keys:<lib>'
+    opens the checkpoint and lists its keys; 'iterate:<lib>' opens it and touches every tensor."""
+    kind, lib = spec.split(":")
+    if lib == "instanttensor":
+        from . import load_file, safe_open
+    else:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+    start = time.perf_counter()
+    if kind == "small":
+        for path in files:
+            load_file(path)
+    elif lib == "instanttensor":
+        with safe_open(files) as f:
+            if kind == "keys":
+                f.keys()
+            else:
+                for _ in f.tensors():
+                    pass
+    else:
+        for path in files:
+            with safe_open(path, framework="pt") as f:
+                names = f.keys()
+                if kind == "iterate":
+                    for name in names:
+                        f.get_tensor(name)
+    return {"seconds": time.perf_counter() - start}
+
+
+def _scenario_sample(spec: str, files: list[str]) -> float:
+    done = subprocess.run([sys.executable, "-m", "instanttensor.bench", "--scenario-worker", spec,
+                           "--files", *files], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{spec} failed: {done.stderr.strip()[-300:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def run_scenarios(args: argparse.Namespace) -> int:
+    """Per-open cost (100 files of 256 KB through load_file) and many tensors (1k, 10k, 100k
+    tensors of 1 KB in 4 files: open + keys, open + iterate): instanttensor against safetensors,
+    warm page cache, interleaved, fresh process per sample, medians."""
+    root = args.dir or "/var/tmp/instanttensor-scenarios"
+    cases = [("100 files x 256 KB, load_file each", "small",
+              _write_small_files(os.path.join(root, "small")))]
+    for count in (1000, 10000, 100000):
+        files = _write_many_tensors(os.path.join(root, f"many-{count}"), count)
+        cases += [(f"{count} tensors: open + keys", "keys", files),
+                  (f"{count} tensors: open + iterate", "iterate", files)]
+    results = []
+    print(f"{'case':40s} {'instanttensor s':>15s} {'safetensors s':>14s} {'x safetensors':>13s}")
+    for label, kind, files in cases:
+        warm_up(files)
+        times: dict[str, list[float]] = {"instanttensor": [], "safetensors": []}
+        for _ in range(args.samples):
+            for lib in times:
+                times[lib].append(_scenario_sample(f"{kind}:{lib}", files))
+        ours = statistics.median(times["instanttensor"])
+        theirs = statistics.median(times["safetensors"])
+        # Time ratio: below 1.0 means instanttensor takes less time.
+        print(f"{label:40s} {ours:15.4f} {theirs:14.4f} {ours / theirs:13.2f}", flush=True)
+        results.append({"case": label, "instanttensor_seconds": ours,
+                        "safetensors_seconds": theirs, "time_ratio": ours / theirs,
+                        "samples": times})
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"scenarios": results}, out, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size-gb", type=float, default=4.0, help="generated checkpoint size")
     parser.add_argument("--dir", default=None, help="where to keep the generated checkpoint")
@@ -410,6 +534,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare N ranks over gloo with one process instead of the peers")
     parser.add_argument("--copy", action="store_true", help="with --ranks: copy=True (default: "
                         "copy=False, borrowed views)")
+    parser.add_argument("--scenarios", action="store_true",
+                        help="per-open cost and many-tensor checkpoints instead of the load table")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -417,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--files", nargs="*", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rank-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--scenario-worker", default=None, help=argparse.SUPPRESS)
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.rank_worker:
@@ -425,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.worker:
         print(json.dumps(_worker(args.worker, args.files)))
+        return 0
+    if args.scenario_worker:
+        print(json.dumps(_scenario_worker(args.scenario_worker, args.files)))
         return 0
     return run(args)
 
