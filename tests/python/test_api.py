@@ -204,7 +204,8 @@ def test_close_from_another_thread_during_iteration(model_files):
         pytest.skip("needs the CMake build's test-only library (INSTANTTENSOR_CMAKE_BUILD_DIR)")
     torch.ops.load_library(library)
     paths, tensors = model_files
-    f = instanttensor.safe_open(paths, chunk_size=4096)
+    # concurrency given: reads on the workers (a checkpoint this small would read inline).
+    f = instanttensor.safe_open(paths, chunk_size=4096, concurrency=2)
     got, outcome = {}, {}
 
     def iterate():
@@ -371,3 +372,26 @@ def test_mmap_from_the_environment(model_files, monkeypatch):
     loaded = instanttensor.load_file(paths[0])
     for name, tensor in loaded.items():
         assert same_bytes(tensor, tensors[name])
+
+
+def test_small_checkpoints_read_on_the_callers_thread(model_files):
+    """<= 8 MiB selected: no read workers started (their start and join cost more than the
+    reads); an explicit concurrency still gets its workers."""
+    paths, tensors = model_files
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    before = threads()
+    with instanttensor.safe_open(paths) as f:
+        it = f.tensors()
+        next(it)
+        assert threads() == before
+        assert len(list(it)) == len(tensors) - 1
+        f.get_tensor("embed.weight")
+        assert threads() == before
+    with instanttensor.safe_open(paths, concurrency=2) as f:
+        it = f.tensors()
+        next(it)
+        assert threads() == before + 2
+        list(it)
