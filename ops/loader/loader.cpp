@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <thread>
 
 #include "loader/load_into.h"
 #include "loader/memory_plan.h"
@@ -83,6 +84,13 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   size_and_plan(std::move(selected), options);
 
   int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
+  if (!options_.concurrency && !io_->direct()) {
+    // Buffered reads (and copies from a mapping) are memory copies done by the CPU: more
+    // workers than cores only contend (on page faults of fresh memory above all). O_DIRECT
+    // workers mostly wait on the device, so they keep the default depth.
+    int cores = static_cast<int>(std::thread::hardware_concurrency());
+    if (cores > 0) threads = std::min(threads, cores);
+  }
   // Small checkpoints read on the consumer's thread: starting and joining workers would cost
   // more than the reads (100 files of 256 KB: ~0.4 ms per open). An explicit concurrency wins.
   if (!options_.concurrency && !exchange_ && plan_.total_bytes <= kInlineReadBytes) threads = 0;
