@@ -52,8 +52,11 @@ def contenders() -> dict:
                 for name in f.keys():
                     dest[name].copy_(f.get_tensor(name))
 
+    def ours_into(files, dest):  # straight into the CUDA destinations through pinned staging
+        instanttensor.load_into(dest, files)
+
     result = {"instanttensor copy=True": ours(True), "instanttensor copy=False": ours(False),
-              "safetensors device=cuda": safetensors_cuda}
+              "instanttensor load_into": ours_into, "safetensors device=cuda": safetensors_cuda}
     try:
         from fastsafetensors import fastsafe_open
 

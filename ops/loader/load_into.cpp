@@ -130,9 +130,21 @@ void wait_all(ReadScheduler& reads, const format::Checkpoint& checkpoint,
   if (first) throw *first;
 }
 
+// Where one destination's bytes go: its own (contiguous) bytes, a temporary, or a stand-in.
+struct Target {
+  const format::IndexedTensor* source;
+  uint8_t* to;
+};
+
+bool congruent_for_direct(const io::IoSetup& io, const format::IndexedTensor& t, uint8_t* to) {
+  const uint64_t block = io.alignment();
+  return reinterpret_cast<uintptr_t>(to) % block == t.file_offset % block &&
+         (t.file_offset + t.nbytes) / block * block > round_up(t.file_offset, block);
+}
+
 // Accelerator destinations (or any, when staging is forced): reads land in the staging ring in
 // slices and are copied into the destination on the loader's stream.
-void fill_through_staging(const std::vector<const Fill*>& fills, c10::Device device,
+void fill_through_staging(const std::vector<Target>& targets, c10::Device device,
                           const format::Checkpoint& checkpoint, io::IoSetup& io,
                           ReadScheduler& reads, uint64_t chunk_size, uint64_t staging_bytes,
                           uint64_t& sequence) {
@@ -152,7 +164,7 @@ void fill_through_staging(const std::vector<const Fill*>& fills, c10::Device dev
     const uint8_t* staged;
     uint8_t* to;
     uint64_t nbytes;
-    const Fill* fill;
+    const format::IndexedTensor* source;
   };
   std::deque<Pending> pending;
   std::optional<Error> failed;
@@ -164,8 +176,7 @@ void fill_through_staging(const std::vector<const Fill*>& fills, c10::Device dev
     auto failure = reads.failure(p.tag);
     reads.forget(p.tag);
     if (failure && !failed) {
-      failed = read_failure_error(*failure, file_of(checkpoint, *p.fill->source),
-                                  p.fill->source->name());
+      failed = read_failure_error(*failure, file_of(checkpoint, *p.source), p.source->name());
     }
     if (failed) return;  // nothing more is copied; the remaining reads are only waited for
     p.region->readers_done = stage.copy_to_device(p.staged, p.to, p.nbytes);
@@ -179,10 +190,10 @@ void fill_through_staging(const std::vector<const Fill*>& fills, c10::Device dev
       reads.forget(p.tag);
     }
   });
-  for (const Fill* fill : fills) {
+  for (const Target& target : targets) {
     if (failed) break;
-    const auto& t = *fill->source;
-    auto* to = static_cast<uint8_t*>(fill->destination.data_ptr());
+    const auto& t = *target.source;
+    uint8_t* to = target.to;
     for (uint64_t done = 0; done < t.nbytes && !failed; done += slice) {
       uint64_t nbytes = std::min(slice, t.nbytes - done);
       auto range = plan::align_range(t.file_offset + done, nbytes, io.alignment());
@@ -196,7 +207,7 @@ void fill_through_staging(const std::vector<const Fill*>& fills, c10::Device dev
       }
       uint64_t tag = kLoadIntoTag | sequence++;
       reads.submit(t.file_index, range, region->data, tag);
-      pending.push_back({tag, region, region->data + range.prefix, to + done, nbytes, fill});
+      pending.push_back({tag, region, region->data + range.prefix, to + done, nbytes, &t});
     }
   }
   while (!pending.empty()) land_oldest();
@@ -285,58 +296,57 @@ void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint&
   uint64_t sequence = 0;
   std::vector<std::pair<uint64_t, const Fill*>> host_tags;
   std::vector<std::pair<c10::DataPtr, const Fill*>> temporaries;
-  std::map<std::pair<int, int>, std::vector<const Fill*>> staged;  // by device
-  std::vector<Fill> device_stand_ins;
-  device_stand_ins.reserve(fills.size());
+  std::map<std::pair<int, int>, std::vector<Target>> staged;  // by device (the CPU: bounced)
+  std::vector<std::pair<at::Tensor, const Fill*>> device_stand_ins;
   try {
     for (const auto& fill : fills) {
       const auto& t = *fill.source;
       const at::Tensor& dest = fill.destination;
       if (t.nbytes == 0) continue;
-      if (force_staging || !dest.is_cpu()) {
-        const Fill* target = &fill;
-        if (!dest.is_contiguous()) {
-          // A contiguous stand-in on the device, copied into the destination afterwards.
-          device_stand_ins.push_back(Fill{&t, at::empty(dest.sizes(), dest.options())});
-          target = &device_stand_ins.back();
-        }
-        auto device = dest.device();
-        staged[{static_cast<int>(device.type()), device.index()}].push_back(target);
-        continue;
-      }
       uint8_t* to = nullptr;
       if (dest.is_contiguous()) {
         to = static_cast<uint8_t*>(dest.data_ptr());
-      } else {
+      } else if (dest.is_cpu()) {
         temporaries.emplace_back(pool::allocate_host(t.nbytes, false, "a load_into temporary"),
                                  &fill);
         to = static_cast<uint8_t*>(temporaries.back().first.get());
+      } else {
+        // A contiguous stand-in on the device, copied into the destination afterwards.
+        device_stand_ins.emplace_back(at::empty(dest.sizes(), dest.options()), &fill);
+        to = static_cast<uint8_t*>(device_stand_ins.back().first.data_ptr());
       }
-      uint64_t tag = kLoadIntoTag | sequence++;
-      host_tags.emplace_back(tag, &fill);
-      submit_into_host(reads, io, t, to, tag);
+      auto device = dest.device();
+      std::pair<int, int> key{static_cast<int>(device.type()), device.index()};
+      if (force_staging || !dest.is_cpu()) {
+        staged[key].push_back({&t, to});
+      } else if (io.direct() && !congruent_for_direct(io, t, to)) {
+        // Cold and not block-congruent: O_DIRECT through the (host) staging ring, then one copy
+        // into the destination; buffered reads would leave the pace to the kernel's readahead.
+        staged[key].push_back({&t, to});
+      } else {
+        uint64_t tag = kLoadIntoTag | sequence++;
+        host_tags.emplace_back(tag, &fill);
+        submit_into_host(reads, io, t, to, tag);
+      }
     }
   } catch (...) {
     wait_all(reads, checkpoint, host_tags);  // nothing may still write into the destinations
     throw;
   }
   wait_all(reads, checkpoint, host_tags);
+  for (const auto& [key, targets] : staged) {
+    c10::Device device(static_cast<c10::DeviceType>(key.first),
+                       static_cast<c10::DeviceIndex>(key.second));
+    fill_through_staging(targets, device, checkpoint, io, reads, chunk_size, staging_bytes,
+                         sequence);
+  }
   for (auto& [memory, fill] : temporaries) {
     const auto& t = *fill->source;
     auto storage = make_storage(std::move(memory), t.nbytes);
     fill->destination.copy_(tensor_over(std::move(storage), fill->destination.scalar_type(),
                                         fill->destination.sizes().vec()));
   }
-  for (const auto& [key, device_fills] : staged) {
-    auto device = device_fills.front()->destination.device();
-    fill_through_staging(device_fills, device, checkpoint, io, reads, chunk_size, staging_bytes,
-                         sequence);
-  }
-  for (const auto& stand_in : device_stand_ins) {
-    for (const auto& fill : fills) {
-      if (fill.source == stand_in.source) fill.destination.copy_(stand_in.destination);
-    }
-  }
+  for (const auto& [stand_in, fill] : device_stand_ins) fill->destination.copy_(stand_in);
   // Bytes written in place since open must not have gone into a destination.
   std::vector<bool> checked(checkpoint.files().size(), false);
   for (const auto& fill : fills) {

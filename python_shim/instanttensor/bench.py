@@ -198,6 +198,7 @@ CONTENDERS: dict[str, Callable] = {
     "instanttensor copy=False": lambda f, d: _run_instanttensor(f, d, False),
     "instanttensor load_into": _run_load_into,
     "instanttensor load_into mmap": lambda f, d: _run_load_into(f, d, "mmap"),
+    "instanttensor load_into pread": lambda f, d: _run_load_into(f, d, "pread"),
     "instanttensor mmap copy=False": _run_instanttensor_mmap,
     "safetensors safe_open": _run_safetensors_open,
     "safetensors load_file": _run_safetensors_load_file,

@@ -93,3 +93,37 @@ def test_device_memory_returns_after_close(model_files):
     assert torch.cuda.memory_allocated() == before
     # The pinned staging ring is given back at close, not kept in torch's host cache.
     assert torch.cuda.host_memory_stats()["allocated_bytes.current"] == 0
+
+
+@cuda
+def test_load_into_cuda_parameters_allocates_nothing_on_the_device(model_files):
+    """Accelerator destinations: pinned staging -> the parameter's own bytes, on the loader's
+    stream after work already queued on the consumer's; no device memory of the loader's."""
+    paths, tensors = model_files
+    device = torch.device("cuda", torch.cuda.current_device())
+    destinations = {n: torch.zeros(t.shape, dtype=t.dtype, device=device)
+                    for n, t in tensors.items()}
+    destinations["embed.weight"] = torch.zeros(32, 64, dtype=torch.bfloat16, device=device).t()
+    pointers = {n: t.data_ptr() for n, t in destinations.items()}
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    peak_before = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.cuda.stream(side):
+        # Queued before the load on the consumer's stream: must read the old (zero) values.
+        torch.cuda._sleep(10_000_000)
+        old = destinations["lm_head.weight"].float().sum()
+        instanttensor.load_into(destinations, paths, staging_size=32 << 10)
+        new = destinations["lm_head.weight"].float().sum()
+    side.synchronize()
+    assert float(old) == 0.0
+    assert float(new) == float(tensors["lm_head.weight"].float().sum())
+    for name, tensor in destinations.items():
+        assert tensor.data_ptr() == pointers[name], name
+        assert same_bytes(tensor.cpu(), tensors[name]), name
+    # Only the non-contiguous destination's stand-in and this test's float temporaries (~9 KB);
+    # the checkpoint itself is ~70 KB.
+    stand_in = tensors["embed.weight"].nbytes
+    assert torch.cuda.max_memory_allocated() - before <= stand_in + (16 << 10), peak_before
+    assert torch.cuda.host_memory_stats()["allocated_bytes.current"] == 0

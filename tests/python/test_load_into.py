@@ -227,7 +227,7 @@ def test_an_injected_read_fault_names_the_tensor_and_the_next_load_works(model_f
         pytest.skip("needs the CMake build's test-only library (INSTANTTENSOR_CMAKE_BUILD_DIR)")
     torch.ops.load_library(library)
     paths, tensors = model_files
-    for backend in ["pread", "mmap", "staged"]:
+    for backend in [None, "pread", "direct", "mmap", "staged"]:  # every route of load_into
         destinations = {n: torch.zeros_like(t) for n, t in tensors.items()}
         torch.ops.instanttensor_testing.arm_read_fault(3, 5)  # the 3rd read: EIO
         try:
