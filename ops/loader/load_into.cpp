@@ -73,15 +73,6 @@ void check_destination(const format::Checkpoint& checkpoint, const Fill& fill) {
   }
 }
 
-Error read_failure_error(const ReadFailure& failure, const std::string& file,
-                         const std::string& name) {
-  if (failure.error != 0) {
-    return Error(error_kind_for_errno(failure.error), file, name,
-                 std::string("read failed: ") + std::strerror(failure.error));
-  }
-  return Error(ErrorKind::Io, file, name, "file shrank during the load (short read)");
-}
-
 uint64_t round_up(uint64_t value, uint64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }

@@ -484,11 +484,7 @@ void Loader::fail_pass(Error error) {
 }
 
 Error Loader::read_error(const loader::ReadFailure& failure, const format::IndexedTensor& t) const {
-  if (failure.error != 0) {
-    return Error(error_kind_for_errno(failure.error), file_of(t), t.name(),
-                 std::string("read failed: ") + std::strerror(failure.error));
-  }
-  return Error(ErrorKind::Io, file_of(t), t.name(), "file shrank during the load (short read)");
+  return loader::read_failure_error(failure, file_of(t), t.name());
 }
 
 void Loader::check_pass_reads() {

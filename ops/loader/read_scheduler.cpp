@@ -1,6 +1,17 @@
 #include "loader/read_scheduler.h"
 
+#include <cstring>
+
 namespace instanttensor::loader {
+
+Error read_failure_error(const ReadFailure& failure, const std::string& file,
+                         const std::string& name) {
+  if (failure.error != 0) {
+    return Error(error_kind_for_errno(failure.error), file, name,
+                 std::string("read failed: ") + std::strerror(failure.error));
+  }
+  return Error(ErrorKind::Io, file, name, "file shrank during the load (short read)");
+}
 
 ReadScheduler::ReadScheduler(io::IoSetup& io, int threads, int depth, uint64_t chunk_size,
                              Stats& stats)

@@ -5,8 +5,10 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <unordered_map>
 
+#include "instanttensor/error.h"
 #include "instanttensor/instanttensor.h"
 #include "io/io_setup.h"
 #include "io/read_backend.h"
@@ -20,6 +22,11 @@ struct ReadFailure {
   int error = 0;
   bool truncated = false;
 };
+
+// The Error a failed read of tensor `name` in `file` raises: the errno's kind and text, or a
+// short read (the file shrank).
+Error read_failure_error(const ReadFailure& failure, const std::string& file,
+                         const std::string& name);
 
 // Owns the read backend (started on the first submission, so opening a checkpoint only to list
 // its keys costs no threads). Every read carries a tag (a read group, a unit slice, a random
