@@ -77,31 +77,34 @@ uint64_t round_up(uint64_t value, uint64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
-// Submits the bytes of `t` into `to` (host memory the caller keeps alive until `tag` is done).
+bool congruent_for_direct(const io::IoSetup& io, const format::IndexedTensor& t, uint8_t* to) {
+  const uint64_t block = io.alignment();
+  return reinterpret_cast<uintptr_t>(to) % block == t.file_offset % block &&
+         (t.file_offset + t.nbytes) / block * block > round_up(t.file_offset, block);
+}
+
+// Submits the bytes of `t` into `to` (host memory the caller keeps alive until `tag` is done):
+// O_DIRECT for the whole blocks of a congruent destination, the edges through the page cache
+// (reading a partial block directly would write outside the destination); else buffered.
 void submit_into_host(ReadScheduler& reads, io::IoSetup& io, const format::IndexedTensor& t,
                       uint8_t* to, uint64_t tag) {
   const uint64_t begin = t.file_offset, end = t.file_offset + t.nbytes;
-  const uint64_t block = io.alignment();
-  if (io.direct()) {
-    uint64_t middle_begin = round_up(begin, block), middle_end = end / block * block;
-    bool congruent = reinterpret_cast<uintptr_t>(to) % block == begin % block;
-    if (congruent && middle_end > middle_begin) {
-      // O_DIRECT straight into the destination for whole blocks; the edges through the page
-      // cache (reading a partial block directly would write outside the destination).
-      if (middle_begin > begin) {
-        reads.submit(t.file_index, plan::align_range(begin, middle_begin - begin, 1), to, tag,
-                     /*buffered=*/true);
-      }
-      reads.submit(t.file_index, plan::align_range(middle_begin, middle_end - middle_begin, 1),
-                   to + (middle_begin - begin), tag);
-      if (end > middle_end) {
-        reads.submit(t.file_index, plan::align_range(middle_end, end - middle_end, 1),
-                     to + (middle_end - begin), tag, /*buffered=*/true);
-      }
-      return;
-    }
+  if (!io.direct() || !congruent_for_direct(io, t, to)) {
+    reads.submit(t.file_index, plan::align_range(begin, t.nbytes, 1), to, tag, /*buffered=*/true);
+    return;
   }
-  reads.submit(t.file_index, plan::align_range(begin, t.nbytes, 1), to, tag, /*buffered=*/true);
+  const uint64_t block = io.alignment();
+  const uint64_t middle_begin = round_up(begin, block), middle_end = end / block * block;
+  if (middle_begin > begin) {
+    reads.submit(t.file_index, plan::align_range(begin, middle_begin - begin, 1), to, tag,
+                 /*buffered=*/true);
+  }
+  reads.submit(t.file_index, plan::align_range(middle_begin, middle_end - middle_begin, 1),
+               to + (middle_begin - begin), tag);
+  if (end > middle_end) {
+    reads.submit(t.file_index, plan::align_range(middle_end, end - middle_end, 1),
+                 to + (middle_end - begin), tag, /*buffered=*/true);
+  }
 }
 
 // Waits for every tag (reads must not outlive this call: they write into the caller's memory),
@@ -127,12 +130,6 @@ struct Target {
   uint8_t* to;
 };
 
-bool congruent_for_direct(const io::IoSetup& io, const format::IndexedTensor& t, uint8_t* to) {
-  const uint64_t block = io.alignment();
-  return reinterpret_cast<uintptr_t>(to) % block == t.file_offset % block &&
-         (t.file_offset + t.nbytes) / block * block > round_up(t.file_offset, block);
-}
-
 // Accelerator destinations (or any, when staging is forced): reads land in the staging ring in
 // slices and are copied into the destination on the loader's stream.
 void fill_through_staging(const std::vector<Target>& targets, c10::Device device,
@@ -143,8 +140,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   DeviceStage stage(device, staging_bytes, block, 0);
   auto close_stage = c10::make_scope_exit([&stage] { stage.close(); });
   // Two slices fit at once, whatever the read widening, so reads and copies overlap.
-  uint64_t slice = std::min(chunk_size, staging_bytes / 2 - 2 * kMaxDirectAlignment);
-  slice = std::max(block, slice / block * block);
+  const uint64_t slice = staging_slice_bytes(chunk_size, staging_bytes, block);
   c10::DeviceGuard guard(device);
   // Work already queued on the consumer's stream may still read the old values.
   CopyFence::after(stage.streams().consumer()).block(stage.streams().loader());

@@ -135,6 +135,7 @@ void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& opti
   in.world = exchange_ ? exchange_->world() : 1;
   in.buffer_size = options_.buffer_size;
   in.staging_size = options.staging_size ? static_cast<uint64_t>(*options.staging_size) : 0;
+  staging_request_ = in.staging_size;
   in.chunk_size = chunk_size_;
   // Ranks exchanging must size alike, whatever each one's filesystem alignment is.
   in.read_widening =
@@ -831,7 +832,8 @@ LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
   auto matched = loader::match_destinations(*checkpoint_, plan_.items, names, destinations, strict);
   checkpoint_->check_unchanged();
   auto start = Clock::now();
-  uint64_t staging = memory_.staging_bytes ? memory_.staging_bytes : loader::kDefaultStagingBytes;
+  // The staging_size asked for at open sizes load_into's bounce ring too, staged or not.
+  uint64_t staging = loader::staging_ring_bytes(staging_request_, checkpoint_->files()[0].path);
   loader::fill_destinations(matched.fills, *checkpoint_, *io_, *reads_, chunk_size_, staging,
                             staged_ && options_.device.is_cpu(), stats_);
   stats_.wait_seconds += seconds_since(start);

@@ -161,6 +161,7 @@ class Loader {
 
   // Staged transfer (accelerator target, or forced): staging ring -> DeviceStage.
   bool staged_ = false;
+  uint64_t staging_request_ = 0;  // staging_size asked for at open (0: the default)
   // The mmap backend with a CPU target: random access hands out views of the mapping, and so
   // does iteration with copy=false (single rank): no ring, no reads.
   bool mapped_access_ = false;

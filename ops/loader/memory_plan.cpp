@@ -10,6 +10,21 @@ namespace {
 constexpr uint64_t kDefaultReadAhead = 256ull << 20;
 }  // namespace
 
+uint64_t staging_ring_bytes(uint64_t requested, const std::string& file) {
+  uint64_t bytes = requested ? requested : kDefaultStagingBytes;
+  if (bytes < kMinStagingBytes) {
+    throw Error(ErrorKind::Argument, file, "",
+                "staging_size=" + std::to_string(bytes) + " bytes is below the " +
+                    std::to_string(kMinStagingBytes) + " bytes a staging ring needs");
+  }
+  return bytes;
+}
+
+uint64_t staging_slice_bytes(uint64_t chunk_size, uint64_t staging_bytes, uint64_t alignment) {
+  uint64_t slice = std::min(chunk_size, staging_bytes / 2 - 2 * kMaxDirectAlignment);
+  return std::max(alignment, slice / alignment * alignment);
+}
+
 MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
                        const std::string& file) {
   const bool exchanging = in.world > 1;
@@ -65,18 +80,11 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
     refuse(largest_index, "the device memory budget", in.device_budget, largest);
   }
   // Staging: a few chunks, whatever the checkpoint; large tensors stream through in slices.
-  plan.staging_bytes = in.staging_size ? in.staging_size : kDefaultStagingBytes;
-  if (plan.staging_bytes < kMinStagingBytes) {
-    throw Error(ErrorKind::Argument, file, "",
-                "staging_size=" + std::to_string(plan.staging_bytes) + " bytes is below the " +
-                    std::to_string(kMinStagingBytes) + " bytes a staging ring needs");
-  }
+  plan.staging_bytes = staging_ring_bytes(in.staging_size, file);
   // A share of a unit, widened for O_DIRECT, takes at most half the staging ring.
-  uint64_t stream_chunk = std::min(in.chunk_size, plan.staging_bytes / 2 - 2 * kMaxDirectAlignment);
-  stream_chunk =
-      std::max<uint64_t>(stream_chunk / UnitLayout::kSliceAlignment * UnitLayout::kSliceAlignment,
-                         UnitLayout::kSliceAlignment);
-  plan.layout = UnitLayout(stream_chunk, in.world);
+  plan.layout = UnitLayout(
+      staging_slice_bytes(in.chunk_size, plan.staging_bytes, UnitLayout::kSliceAlignment),
+      in.world);
   if (in.copy && !exchanging) {
     // Owned device tensors: buffer_size bounds the device bytes allocated ahead of the consumer.
     plan.buffer_size = std::min(in.buffer_size ? in.buffer_size : read_ahead, in.device_budget);

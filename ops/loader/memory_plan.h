@@ -45,6 +45,15 @@ using DescribeTensor = std::function<std::pair<std::string, std::string>(size_t)
 MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
                        const std::string& file);
 
+// The staging ring's size: `requested` (0: kDefaultStagingBytes), or Error(Argument) naming
+// `file` below kMinStagingBytes. Used by the staged path and by load_into's bounce ring.
+uint64_t staging_ring_bytes(uint64_t requested, const std::string& file);
+
+// The most bytes one read may stream through a staging ring of `staging_bytes`: half of it minus
+// the widest O_DIRECT widening (so two are in flight), at most `chunk_size`, a multiple of
+// `alignment` (a power of two) and at least one.
+uint64_t staging_slice_bytes(uint64_t chunk_size, uint64_t staging_bytes, uint64_t alignment);
+
 // The largest O_DIRECT alignment planned for: ranks exchanging must size alike whatever each
 // one's filesystem alignment is, so they plan with this one.
 constexpr uint64_t kMaxDirectAlignment = 4096;

@@ -239,3 +239,18 @@ def test_an_injected_read_fault_names_the_tensor_and_the_next_load_works(model_f
         instanttensor.load_into(destinations, paths, **options_for(backend))
         for name, tensor in tensors.items():
             assert torch.equal(destinations[name], tensor), (backend, name)
+
+
+def test_staging_size_sizes_the_bounce_ring_and_is_checked(model_files):
+    """staging_size given at open sizes load_into's ring on every route (never silently
+    replaced by the default), and a size below the minimum is refused naming it."""
+    paths, tensors = model_files
+    destinations = {n: torch.zeros_like(t) for n, t in tensors.items()}
+    with instanttensor.safe_open(paths, staging_size=16 << 10) as f:
+        with pytest.raises(ValueError, match=r"staging_size=16384 bytes is below"):
+            f.load_into(destinations)
+    assert not destinations["embed.weight"].any()
+    with instanttensor.safe_open(paths, backend="direct", staging_size=32 << 10) as f:
+        f.load_into(destinations)
+    for name, tensor in tensors.items():
+        assert torch.equal(destinations[name], tensor), name
