@@ -39,21 +39,70 @@ int open_direct(const std::string& path, DirectIoAlignment* alignment) {
   return fd;
 }
 
-double resident_fraction(int fd, uint64_t size) {
-  if (size == 0) return 0.0;
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED) return 0.0;
-  long page = ::sysconf(_SC_PAGESIZE);
-  uint64_t pages = (size + page - 1) / page;
-  std::vector<unsigned char> residency(pages);
-  double fraction = 0.0;
-  if (::mincore(map, size, residency.data()) == 0) {
-    uint64_t resident = 0;
+namespace {
+// Files larger than kSampleWindows windows of kSampleWindowBytes are estimated from that many
+// windows spread evenly: the exact count costs ~5 ms per GB (mincore: ~20 ms per GB), which a
+// warm load of a few GB would feel, and a share against a threshold does not need it.
+constexpr uint64_t kSampleWindowBytes = 256ull << 10;
+constexpr uint64_t kSampleWindows = 64;
+
+// cachestat(2) (Linux 6.5): counts cached pages of a range without mapping the file. Its number
+// is the same on every architecture (the unified table from 424 on).
+constexpr long kCachestatSyscall = 451;
+struct CachestatRange {
+  uint64_t offset, length;
+};
+struct Cachestat {
+  uint64_t cache, dirty, writeback, evicted, recently_evicted;
+};
+
+// Cached pages in [offset, offset + length) through mincore over a mapping that is never
+// touched (so a concurrent truncation cannot fault). offset is page-aligned. -1 on failure.
+int64_t cached_pages_by_mincore(int fd, uint64_t offset, uint64_t length, uint64_t page) {
+  void* map = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset));
+  if (map == MAP_FAILED) return -1;
+  std::vector<unsigned char> residency((length + page - 1) / page);
+  int64_t resident = -1;
+  if (::mincore(map, length, residency.data()) == 0) {
+    resident = 0;
     for (unsigned char flag : residency) resident += flag & 1;
-    fraction = static_cast<double>(resident) / static_cast<double>(pages);
   }
-  ::munmap(map, size);
-  return fraction;
+  ::munmap(map, length);
+  return resident;
+}
+
+// Cached pages in the range; cachestat where the kernel (and the sandbox) allows it.
+int64_t cached_pages(int fd, uint64_t offset, uint64_t length, uint64_t page, bool* use_cachestat) {
+  if (*use_cachestat) {
+    CachestatRange range{offset, length};
+    Cachestat counts{};
+    if (::syscall(kCachestatSyscall, fd, &range, &counts, 0) == 0)
+      return static_cast<int64_t>(counts.cache);
+    *use_cachestat = false;  // ENOSYS (older kernel) or EPERM (seccomp): mincore from now on
+  }
+  return cached_pages_by_mincore(fd, offset, length, page);
+}
+}  // namespace
+
+double resident_fraction(int fd, uint64_t size, bool allow_cachestat) {
+  if (size == 0) return 0.0;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t window = kSampleWindowBytes;
+  const bool sampled = size > window * kSampleWindows;
+  const uint64_t windows = sampled ? kSampleWindows : 1;
+  bool use_cachestat = allow_cachestat;
+  uint64_t resident = 0, pages = 0;
+  for (uint64_t i = 0; i < windows; ++i) {
+    // Evenly spread, page-aligned, the last one ending at the end of the file.
+    uint64_t offset = sampled ? (size - window) / (windows - 1) * i / page * page : 0;
+    uint64_t length = sampled ? window : size;
+    if (offset + length > size) length = size - offset;
+    int64_t cached = cached_pages(fd, offset, length, page, &use_cachestat);
+    if (cached < 0) return 0.0;
+    resident += static_cast<uint64_t>(cached);
+    pages += (length + page - 1) / page;
+  }
+  return pages ? static_cast<double>(resident) / static_cast<double>(pages) : 0.0;
 }
 
 int evict_from_page_cache(int fd) { return ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); }

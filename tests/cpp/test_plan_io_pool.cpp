@@ -9,6 +9,7 @@
 #include "format/checkpoint.h"
 #include "format/writer.h"
 #include "instanttensor/error.h"
+#include "io/direct_io.h"
 #include "io/read_backend.h"
 #include "plan/read_plan.h"
 #include "pool/ring_allocator.h"
@@ -80,6 +81,41 @@ TEST(ReadPlan, AlignedRangesCoverTheWantedBytesForDirectIo) {
   EXPECT_EQ(pieces[3].length, 512u);
   EXPECT_EQ(pieces[3].required, 488u + 3000u - 3072u);  // the rest may be past end of file
   EXPECT_EQ(pieces[0].required, 1024u);
+}
+
+// Both counting paths (cachestat and the mincore fallback), exact (small file) and sampled
+// (large file): fully cached, then with the second half dropped from the page cache.
+TEST(ResidentFraction, CountsCachedPagesExactlyOrBySampling) {
+  TempDir dir;
+  for (uint64_t size : {uint64_t{1} << 20, uint64_t{64} << 20}) {
+    std::string path = dir.file("resident-" + std::to_string(size));
+    testing::write_bytes(path, std::string(size, 'x'));
+    int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::fsync(fd), 0);
+    std::string sink(size, '\0');
+    ASSERT_EQ(::pread(fd, sink.data(), size, 0), static_cast<ssize_t>(size));
+    for (bool cachestat : {true, false}) {
+      EXPECT_GE(io::resident_fraction(fd, size, cachestat), 0.99) << size << " " << cachestat;
+    }
+    // Drop it all, then read the first half back without readahead (dropping only the second
+    // half would keep large folios that straddle the middle).
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    if (io::resident_fraction(fd, size, false) > 0.1) {  // tmpfs keeps its pages
+      ::close(fd);
+      GTEST_SKIP() << "the page cache of " << dir.path() << " cannot be dropped";
+    }
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM), 0);
+    ASSERT_EQ(::pread(fd, sink.data(), size / 2, 0), static_cast<ssize_t>(size / 2));
+    for (bool cachestat : {true, false}) {
+      double fraction = io::resident_fraction(fd, size, cachestat);
+      EXPECT_GT(fraction, 0.4) << size << " " << cachestat;
+      EXPECT_LT(fraction, 0.6) << size << " " << cachestat;
+    }
+    ::close(fd);
+  }
+  EXPECT_EQ(io::resident_fraction(-1, 4096), 0.0);
+  EXPECT_EQ(io::resident_fraction(0, 0), 0.0);
 }
 
 TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {
