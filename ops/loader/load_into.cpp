@@ -185,13 +185,18 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
       uint64_t nbytes = std::min(slice, t.nbytes - done);
       auto range = plan::align_range(t.file_offset + done, nbytes, io.alignment());
       BorrowRing::Region* region = nullptr;
-      while ((region = staging.place(range.span, 0)) == nullptr) {
-        if (!pending.empty()) {
-          land_oldest();
-        } else {
-          staging.release_oldest();  // waits on the host for the copy that read it
+      while (!failed && (region = staging.place(range.span, 0)) == nullptr) {
+        // Free only the oldest region, so the other reads stay in flight (freeing by landing
+        // everything first left one read in flight: 1.0 -> 0.8 s cold on 1.76 GB). The ring
+        // holds the landed regions, then `pending`, in order.
+        if (staging.regions().empty()) {
+          throw Error(ErrorKind::Io, file_of(checkpoint, t), t.name(),
+                      "load_into: a staging slice does not fit the staging ring");
         }
+        if (staging.regions().size() == pending.size()) land_oldest();
+        staging.release_oldest();  // waits on the host for the copy that read it
       }
+      if (failed) break;
       uint64_t tag = kLoadIntoTag | sequence++;
       reads.submit(t.file_index, range, region->data, tag);
       pending.push_back({tag, region, region->data + range.prefix, to + done, nbytes, &t});
