@@ -156,6 +156,7 @@ class LoaderHolder : public torch::CustomClassHolder {
     out.insert("misaligned_copies", static_cast<double>(s.misaligned_copies));
     out.insert("buffer_size", static_cast<double>(s.buffer_size));
     out.insert("peak_pool_bytes", static_cast<double>(s.peak_pool_bytes));
+    out.insert("recycled_blocks", static_cast<double>(s.recycled_blocks));
     out.insert("open_seconds", s.open_seconds);
     out.insert("read_seconds", s.read_seconds);
     out.insert("wait_seconds", s.wait_seconds);

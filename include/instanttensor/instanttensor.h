@@ -72,6 +72,7 @@ struct Stats {
   uint64_t misaligned_copies = 0;  // borrowed tensors handed out as copies (unaligned data)
   uint64_t buffer_size = 0;        // pool bytes (copy=false) or read-ahead budget (copy=true)
   uint64_t peak_pool_bytes = 0;    // highest pool bytes in use at once
+  uint64_t recycled_blocks = 0;    // owned tensors read into memory a dropped one gave back
   double open_seconds = 0;         // opening files and validating headers
   double read_seconds = 0;         // time inside read calls, summed over workers
   double wait_seconds = 0;         // time the consumer waited for reads

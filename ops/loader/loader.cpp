@@ -147,6 +147,9 @@ void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& opti
     return std::make_pair(file_of(t), t.name());
   };
   memory_ = loader::plan_memory(in, describe, checkpoint_->files()[0].path);
+  // Half the read-ahead bound: enough for a consumer that drops each tensor after copying it,
+  // and the loader's own memory stays within 1.5x buffer_size.
+  recycled_ = std::make_shared<pool::RecycledBlocks>(memory_.buffer_size / 2);
   if (staged_) {
     stage_ = std::make_unique<loader::DeviceStage>(options_.device, memory_.staging_bytes,
                                                    ring_alignment_, memory_.device_ring_bytes);
@@ -210,7 +213,9 @@ TensorMetadata Loader::get_tensor_metadata(const std::string& name) const {
 
 Stats Loader::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  Stats stats = stats_;
+  stats.recycled_blocks = recycled_->reuses();
+  return stats;
 }
 
 std::vector<std::string> Loader::warnings() const {
@@ -359,7 +364,7 @@ bool Loader::place_group(size_t g, bool force) {
     // Owned groups hold one tensor: its bytes land in the tensor's own storage (one pass); on
     // the host, O_DIRECT's widening lives in the same block, outside the tensor.
     c10::DataPtr memory = state.where == Destination::HostOwned
-                              ? pool::allocate_host_window(state.range.span, state.range.prefix,
+                              ? recycled_->allocate_window(state.range.span, state.range.prefix,
                                                            ring_alignment_, "a tensor")
                               : stage_->allocate_owned(group.length);
     state.dest = static_cast<uint8_t*>(memory.get());
@@ -768,7 +773,7 @@ c10::intrusive_ptr<c10::StorageImpl> Loader::read_owned(const format::IndexedTen
   checkpoint_->check_unchanged(t.file_index, t.name());
   if (mapped_access_) return mapped_storage(t, offset, nbytes);
   auto range = plan::align_range(t.file_offset + offset, nbytes, io_alignment_);
-  auto window = pool::allocate_host_window(range.span, range.prefix, ring_alignment_, "a tensor");
+  auto window = recycled_->allocate_window(range.span, range.prefix, ring_alignment_, "a tensor");
   auto* dest = static_cast<uint8_t*>(window.get()) - range.prefix;
   auto storage = make_storage(std::move(window), nbytes);
   reads_->submit(t.file_index, range, dest, kRandomAccessTag);
@@ -854,6 +859,7 @@ void Loader::close() {
   if (stage_) stats_.materializations += stage_->close();
   if (host_ring_) stats_.materializations += host_ring_->release_all();
   host_ring_.reset();
+  recycled_->close();
   if (options_.debug) {
     std::cerr << "[instanttensor] " << checkpoint_->files()[0].path << ": " << stats_.bytes_read
               << " bytes in " << stats_.read_requests << " reads, wait " << stats_.wait_seconds

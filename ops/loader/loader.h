@@ -20,6 +20,7 @@
 #include "loader/rank_exchange.h"
 #include "loader/read_scheduler.h"
 #include "plan/read_plan.h"
+#include "pool/recycled_blocks.h"
 
 namespace instanttensor {
 
@@ -171,6 +172,8 @@ class Loader {
   std::unique_ptr<loader::DeviceStage> stage_;
   std::unique_ptr<loader::LoaderStreams> host_streams_;
   std::unique_ptr<loader::BorrowRing> host_ring_;
+  // Memory of owned host tensors the consumer dropped, reused for the next ones (close frees).
+  std::shared_ptr<pool::RecycledBlocks> recycled_;
 
   // Distributed: the exchange (null when single-process or loading locally).
   std::unique_ptr<loader::RankExchange> exchange_;

@@ -14,11 +14,11 @@ namespace instanttensor::pool {
 namespace {
 constexpr uint64_t kHugePage = 2ull << 20;
 
-void free_host(void* ptr) { std::free(ptr); }
-
 void free_pinned_copy(void* holder) { delete static_cast<c10::DataPtr*>(holder); }
 
-void* allocate_block(uint64_t nbytes, uint64_t min_alignment, const char* purpose) {
+}  // namespace
+
+HostBlock allocate_host_block(uint64_t nbytes, uint64_t min_alignment, const char* purpose) {
   uint64_t alignment = nbytes >= kHugePage ? kHugePage : 64;
   if (alignment < min_alignment) alignment = min_alignment;
   // Round the size up too: the tail of a huge page would otherwise be a separate small mapping.
@@ -30,20 +30,21 @@ void* allocate_block(uint64_t nbytes, uint64_t min_alignment, const char* purpos
                     " bytes for " + purpose);
   }
   if (rounded >= kHugePage) ::madvise(ptr, rounded, MADV_HUGEPAGE);
-  return ptr;
+  return HostBlock{ptr, rounded, alignment};
 }
-}  // namespace
+
+void free_host_block(void* ptr) noexcept { std::free(ptr); }
 
 c10::DataPtr allocate_host(uint64_t nbytes, bool prefault, const char* purpose) {
-  void* ptr = allocate_block(nbytes, 64, purpose);
+  void* ptr = allocate_host_block(nbytes, 64, purpose).ptr;
   if (prefault) std::memset(ptr, 0, nbytes);
-  return c10::DataPtr(ptr, ptr, &free_host, c10::Device(c10::DeviceType::CPU));
+  return c10::DataPtr(ptr, ptr, &free_host_block, c10::Device(c10::DeviceType::CPU));
 }
 
 c10::DataPtr allocate_host_window(uint64_t span, uint64_t prefix, uint64_t alignment,
                                   const char* purpose) {
-  void* block = allocate_block(span, alignment, purpose);
-  return c10::DataPtr(static_cast<char*>(block) + prefix, block, &free_host,
+  void* block = allocate_host_block(span, alignment, purpose).ptr;
+  return c10::DataPtr(static_cast<char*>(block) + prefix, block, &free_host_block,
                       c10::Device(c10::DeviceType::CPU));
 }
 
