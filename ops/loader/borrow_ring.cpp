@@ -2,7 +2,10 @@
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "loader/storage_views.h"
@@ -116,8 +119,52 @@ uint64_t BorrowRing::release_oldest() {
   return copied;
 }
 
+namespace {
+void drop_block_reference(void* owner) {
+  delete static_cast<std::shared_ptr<c10::DataPtr>*>(owner);
+}
+}  // namespace
+
+void BorrowRing::hand_over_retained() {
+  std::vector<c10::StorageImpl*> retained;
+  for (auto& region : regions_) {
+    for (auto& storage : region.storages) {
+      if (storage.use_count() > 1 && storage->nbytes() > 0) retained.push_back(storage.get());
+    }
+  }
+  if (retained.empty()) return;
+  auto owner = std::make_shared<c10::DataPtr>(std::move(block_));
+  for (c10::StorageImpl* storage : retained) {
+    void* data = storage->mutable_data();
+    storage->set_data_ptr_noswap(c10::DataPtr(data, new std::shared_ptr<c10::DataPtr>(owner),
+                                              &drop_block_reference,
+                                              c10::Device(c10::DeviceType::CPU)));
+  }
+  for (auto& region : regions_) region.storages.clear();  // nothing left to copy out
+  // Give the pages no retained tensor touches back to the system now; the address range goes
+  // when the last retained tensor does.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  std::sort(retained.begin(), retained.end(),
+            [](auto* a, auto* b) { return a->data() < b->data(); });
+  auto base = reinterpret_cast<uintptr_t>(owner->get());
+  uintptr_t free_from = (base + page - 1) / page * page;
+  auto give_back_until = [&](uintptr_t end) {
+    if (end > free_from)
+      ::madvise(reinterpret_cast<void*>(free_from), end - free_from, MADV_DONTNEED);
+  };
+  for (c10::StorageImpl* storage : retained) {
+    auto begin = reinterpret_cast<uintptr_t>(storage->data());
+    give_back_until(begin / page * page);
+    free_from = std::max(free_from, (begin + storage->nbytes() + page - 1) / page * page);
+  }
+  give_back_until((base + capacity_) / page * page);
+}
+
 uint64_t BorrowRing::release_all() {
   uint64_t copied = 0;
+  // Host memory: tensors the consumer still holds keep their bytes where they are (copying a
+  // loop variable's 250 MB tensor into fresh memory took 0.7 s at close).
+  if (memory_ == Memory::Host && block_.get() != nullptr) hand_over_retained();
   if (memory_ == Memory::Device && !regions_.empty()) {
     // Closing: the consumer has queued all its work on the ring's tensors by now.
     CopyFence::after(streams_.consumer()).block(streams_.loader());

@@ -58,7 +58,10 @@ class BorrowRing {
   // space. Returns how many storages were copied out. Precondition: !regions().empty().
   uint64_t release_oldest();
   // Releases every region and frees the memory (after the loader's stream finished with it).
-  // Returns how many storages were copied out. Idempotent.
+  // Host memory: storages still referenced elsewhere take shared ownership of the block instead
+  // of being copied (their bytes stay put; the pages none of them covers are given back at once
+  // with MADV_DONTNEED; the block goes with the last of them). Returns how many storages were
+  // copied out. Idempotent.
   uint64_t release_all();
 
   uint64_t bytes_in_use() const { return in_use_; }
@@ -67,6 +70,7 @@ class BorrowRing {
  private:
   void ensure_memory();
   void materialize(c10::StorageImpl& storage) const;
+  void hand_over_retained();
 
   const LoaderStreams& streams_;
   Memory memory_;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import instanttensor
@@ -72,3 +74,33 @@ def test_second_pass_and_random_access_mixed(model_files):
         assert [n for n, _ in again] == f.offset_keys()
         for n, t in again:
             assert same_bytes(t, tensors[n])
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_tensors_held_at_close_stay_in_place_and_the_rest_of_the_buffer_goes(tmp_path):
+    # A loop variable outlives its loop: the last tensor is still held when the `with` block
+    # closes. It keeps its bytes where they are (no copy); the rest of the buffer's memory is
+    # given back at close, and the buffer goes with the last held tensor.
+    from safetensors.torch import save_file
+
+    torch.manual_seed(2)
+    tensors = {f"w{i:02d}": torch.randn(1024, 1024) for i in range(12)}  # 4 MiB each
+    path = str(tmp_path / "model.safetensors")
+    save_file(tensors, path)
+    with instanttensor.safe_open(path, copy=False, buffer_size=40 << 20) as f:
+        for name, tensor in f.tensors():
+            view = tensor[1:]  # a view shares the storage
+        address = tensor.data_ptr()
+        before = _resident_bytes()
+    after = _resident_bytes()
+    assert f.stats()["materializations"] == 0
+    assert tensor.data_ptr() == address
+    assert same_bytes(tensor, tensors[name]) and same_bytes(view, tensors[name][1:])
+    assert before - after >= 24 << 20, (before, after)  # the 40 MiB buffer, less the held 4 MiB
+    tensor.add_(1)  # still ordinary writable memory
+    assert torch.equal(view, tensors[name][1:] + 1)
+    del tensor, view  # the last reference: the buffer is freed (ASan runs would see a leak)
