@@ -30,7 +30,7 @@ HostBlock allocate_host_block(uint64_t nbytes, uint64_t min_alignment, const cha
                     " bytes for " + purpose);
   }
   if (rounded >= kHugePage) ::madvise(ptr, rounded, MADV_HUGEPAGE);
-  return HostBlock{ptr, rounded, alignment};
+  return HostBlock{ptr, rounded};
 }
 
 void free_host_block(void* ptr) noexcept { std::free(ptr); }

@@ -7,11 +7,10 @@
 
 namespace instanttensor::pool {
 
-// A block from allocate_host_block: `bytes` (>= what was asked, rounded to `alignment`) at `ptr`.
+// A block from allocate_host_block: `bytes` (what was asked, rounded up) at `ptr`.
 struct HostBlock {
   void* ptr = nullptr;
   uint64_t bytes = 0;
-  uint64_t alignment = 0;
 };
 
 // The raw block behind allocate_host / allocate_host_window: `nbytes` rounded up to the

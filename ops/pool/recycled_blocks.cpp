@@ -20,6 +20,8 @@ RecycledBlocks::~RecycledBlocks() { close(); }
 c10::DataPtr RecycledBlocks::allocate_window(uint64_t span, uint64_t prefix, uint64_t alignment,
                                              const char* purpose) {
   if (span < kSmallestKept) return allocate_host_window(span, prefix, alignment, purpose);
+  // First, so that nothing can throw once a block is taken.
+  auto lease = std::make_unique<Lease>(Lease{nullptr, 0, shared_from_this()});
   void* block = nullptr;
   uint64_t bytes = 0;
   {
@@ -48,9 +50,10 @@ c10::DataPtr RecycledBlocks::allocate_window(uint64_t span, uint64_t prefix, uin
     block = fresh.ptr;
     bytes = fresh.bytes;
   }
-  auto* lease = new Lease{block, bytes, shared_from_this()};
-  return c10::DataPtr(static_cast<char*>(block) + prefix, lease, &RecycledBlocks::give_back,
-                      c10::Device(c10::DeviceType::CPU));
+  lease->block = block;
+  lease->bytes = bytes;
+  return c10::DataPtr(static_cast<char*>(block) + prefix, lease.release(),
+                      &RecycledBlocks::give_back, c10::Device(c10::DeviceType::CPU));
 }
 
 void RecycledBlocks::give_back(void* context) noexcept {
@@ -60,24 +63,26 @@ void RecycledBlocks::give_back(void* context) noexcept {
 
 void RecycledBlocks::keep_or_free(void* block, uint64_t bytes) noexcept {
   std::list<Kept> surplus;
+  bool kept = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (closed_ || bytes > capacity_) {
-      surplus.push_back({block, bytes});
-    } else {
+    if (!closed_ && bytes <= capacity_) {
       try {
         kept_.push_back({block, bytes});
         kept_bytes_ += bytes;
+        kept = true;
       } catch (...) {
-        surplus.push_back({block, bytes});  // no memory for the list node: free the block
+        // No memory for the list node: the block is freed below.
       }
-      // Full: the oldest go, so what is kept follows the sizes the consumer drops now.
+      // Full: the oldest go, so what is kept follows the sizes the consumer drops now (moving
+      // list nodes allocates nothing).
       while (kept_bytes_ > capacity_) {
         kept_bytes_ -= kept_.front().bytes;
         surplus.splice(surplus.end(), kept_, kept_.begin());
       }
     }
   }
+  if (!kept) free_host_block(block);
   for (const Kept& k : surplus) free_host_block(k.block);
 }
 
