@@ -2,7 +2,9 @@
 # Sanitizer and fuzzing checks over the torch-free layers (libtorch is not instrumented, so the
 # layers below it are checked on their own):
 #   ASan + UBSan over the format/plan/io/pool tests, TSan over the io/pool tests (worker
-#   threads), and each libFuzzer target for FUZZ_SECONDS with the seed corpus.
+#   threads), ASan and TSan over the host-memory keeper (its blocks come back from any thread;
+#   built against the installed, uninstrumented libtorch), and each libFuzzer target for
+#   FUZZ_SECONDS with the seed corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
@@ -21,6 +23,19 @@ cmake -S . -B build-tsan -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DCMAKE_BUILD_TYP
   -DCMAKE_CXX_FLAGS="-fsanitize=thread" >/dev/null
 cmake --build build-tsan --target test_plan_io_pool
 TSAN_OPTIONS=halt_on_error=1 build-tsan/test_plan_io_pool
+
+echo "== ASan and TSan (recycled host blocks)"
+torch_dir=$("${PYTHON:-python3}" -c "import os, torch; print(os.path.dirname(torch.__file__))")
+abi=$("${PYTHON:-python3}" -c "import torch; print(int(torch.compiled_with_cxx11_abi()))")
+mkdir -p build-sanitize-host
+for sanitizer in address thread; do
+  $CXX -std=c++17 -O1 -g -fsanitize=$sanitizer -D_GLIBCXX_USE_CXX11_ABI=$abi -Iops -Iinclude \
+    -isystem "$torch_dir/include" tests/cpp/test_host_memory.cpp ops/pool/recycled_blocks.cpp \
+    ops/pool/host_buffer.cpp ops/format/error.cpp -L"$torch_dir/lib" -lc10 -ltorch_cpu \
+    -lgtest -lgtest_main -lpthread -Wl,-rpath,"$torch_dir/lib" \
+    -o build-sanitize-host/test_host_memory_$sanitizer
+  TSAN_OPTIONS=halt_on_error=1 build-sanitize-host/test_host_memory_$sanitizer
+done
 
 echo "== libFuzzer, ${FUZZ_SECONDS}s per target"
 cmake -S . -B build-fuzz -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DINSTANTTENSOR_FUZZ=ON \
