@@ -24,7 +24,7 @@ cmake -S . -B build-tsan -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DCMAKE_BUILD_TYP
 cmake --build build-tsan --target test_plan_io_pool
 TSAN_OPTIONS=halt_on_error=1 build-tsan/test_plan_io_pool
 
-echo "== ASan and TSan (recycled host blocks)"
+echo "== ASan and TSan (host blocks: own mappings and recycling)"
 torch_dir=$("${PYTHON:-python3}" -c "import os, torch; print(os.path.dirname(torch.__file__))")
 abi=$("${PYTHON:-python3}" -c "import torch; print(int(torch.compiled_with_cxx11_abi()))")
 mkdir -p build-sanitize-host

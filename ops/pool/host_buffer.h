@@ -7,18 +7,20 @@
 
 namespace instanttensor::pool {
 
-// A block from allocate_host_block: `bytes` (what was asked, rounded up) at `ptr`.
+// A block from allocate_host_block: `bytes` (what was asked, rounded up) at `ptr`; `mapped`: a
+// mapping of its own (2 MiB and more), else from malloc.
 struct HostBlock {
   void* ptr = nullptr;
   uint64_t bytes = 0;
+  bool mapped = false;
 };
 
 // The raw block behind allocate_host / allocate_host_window: `nbytes` rounded up to the
-// alignment (64 bytes, or 2 MiB with MADV_HUGEPAGE from 2 MiB on; at least `min_alignment`).
-// The caller frees it with free_host_block. Throws Error(Io) naming `purpose` when memory is
-// exhausted. Any thread.
+// alignment (64 bytes, or 2 MiB with MADV_HUGEPAGE from 2 MiB on, in a mapping of its own; at
+// least `min_alignment`). The caller frees it with free_host_block. Throws Error(Io) naming
+// `purpose` when memory is exhausted. Any thread.
 HostBlock allocate_host_block(uint64_t nbytes, uint64_t min_alignment, const char* purpose);
-void free_host_block(void* ptr) noexcept;
+void free_host_block(const HostBlock& block) noexcept;
 
 // Allocates `nbytes` (may be 0) of host memory aligned to 64 bytes, or to 2 MiB with
 // MADV_HUGEPAGE for allocations of 2 MiB and more (first touch of 4 KiB pages costs more than

@@ -1,7 +1,5 @@
 #include "pool/recycled_blocks.h"
 
-#include "pool/host_buffer.h"
-
 namespace instanttensor::pool {
 
 namespace {
@@ -10,8 +8,7 @@ constexpr uint64_t kSmallestKept = 2ull << 20;
 
 // What a handed-out block's DataPtr carries to find its way back.
 struct RecycledBlocks::Lease {
-  void* block;
-  uint64_t bytes;
+  HostBlock block;
   std::shared_ptr<RecycledBlocks> home;
 };
 
@@ -21,9 +18,7 @@ c10::DataPtr RecycledBlocks::allocate_window(uint64_t span, uint64_t prefix, uin
                                              const char* purpose) {
   if (span < kSmallestKept) return allocate_host_window(span, prefix, alignment, purpose);
   // First, so that nothing can throw once a block is taken.
-  auto lease = std::make_unique<Lease>(Lease{nullptr, 0, shared_from_this()});
-  void* block = nullptr;
-  uint64_t bytes = 0;
+  auto lease = std::make_unique<Lease>(Lease{HostBlock{}, shared_from_this()});
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // The smallest kept block that fits, unless it is more than a quarter larger than a fresh
@@ -32,44 +27,38 @@ c10::DataPtr RecycledBlocks::allocate_window(uint64_t span, uint64_t prefix, uin
     auto best = kept_.end();
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {
       if (it->bytes >= span && it->bytes <= fresh_bytes + fresh_bytes / 4 &&
-          reinterpret_cast<uintptr_t>(it->block) % alignment == 0 &&
+          reinterpret_cast<uintptr_t>(it->ptr) % alignment == 0 &&
           (best == kept_.end() || it->bytes < best->bytes)) {
         best = it;
       }
     }
     if (best != kept_.end()) {
-      bytes = best->bytes;
-      block = best->block;
-      kept_bytes_ -= bytes;
+      lease->block = *best;
+      kept_bytes_ -= best->bytes;
       kept_.erase(best);
       reuses_ += 1;
     }
   }
-  if (block == nullptr) {
-    HostBlock fresh = allocate_host_block(span, alignment, purpose);
-    block = fresh.ptr;
-    bytes = fresh.bytes;
-  }
-  lease->block = block;
-  lease->bytes = bytes;
-  return c10::DataPtr(static_cast<char*>(block) + prefix, lease.release(),
-                      &RecycledBlocks::give_back, c10::Device(c10::DeviceType::CPU));
+  if (lease->block.ptr == nullptr) lease->block = allocate_host_block(span, alignment, purpose);
+  void* data = static_cast<char*>(lease->block.ptr) + prefix;
+  return c10::DataPtr(data, lease.release(), &RecycledBlocks::give_back,
+                      c10::Device(c10::DeviceType::CPU));
 }
 
 void RecycledBlocks::give_back(void* context) noexcept {
   std::unique_ptr<Lease> lease(static_cast<Lease*>(context));
-  lease->home->keep_or_free(lease->block, lease->bytes);
+  lease->home->keep_or_free(lease->block);
 }
 
-void RecycledBlocks::keep_or_free(void* block, uint64_t bytes) noexcept {
-  std::list<Kept> surplus;
+void RecycledBlocks::keep_or_free(const HostBlock& block) noexcept {
+  std::list<HostBlock> surplus;
   bool kept = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!closed_ && bytes <= capacity_) {
+    if (!closed_ && block.bytes <= capacity_) {
       try {
-        kept_.push_back({block, bytes});
-        kept_bytes_ += bytes;
+        kept_.push_back(block);
+        kept_bytes_ += block.bytes;
         kept = true;
       } catch (...) {
         // No memory for the list node: the block is freed below.
@@ -83,18 +72,18 @@ void RecycledBlocks::keep_or_free(void* block, uint64_t bytes) noexcept {
     }
   }
   if (!kept) free_host_block(block);
-  for (const Kept& k : surplus) free_host_block(k.block);
+  for (const HostBlock& old : surplus) free_host_block(old);
 }
 
 void RecycledBlocks::close() noexcept {
-  std::list<Kept> kept;
+  std::list<HostBlock> kept;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     closed_ = true;
     kept.swap(kept_);
     kept_bytes_ = 0;
   }
-  for (const Kept& k : kept) free_host_block(k.block);
+  for (const HostBlock& block : kept) free_host_block(block);
 }
 
 uint64_t RecycledBlocks::kept_bytes() const {

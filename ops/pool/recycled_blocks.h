@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 
+#include "pool/host_buffer.h"
+
 namespace instanttensor::pool {
 
 // While a loader is open, the memory of an owned (copy=True) tensor that its consumer drops is
@@ -43,16 +45,12 @@ class RecycledBlocks : public std::enable_shared_from_this<RecycledBlocks> {
 
  private:
   struct Lease;
-  struct Kept {
-    void* block;
-    uint64_t bytes;
-  };
   static void give_back(void* lease) noexcept;
-  void keep_or_free(void* block, uint64_t bytes) noexcept;
+  void keep_or_free(const HostBlock& block) noexcept;
 
   const uint64_t capacity_;
   mutable std::mutex mutex_;
-  std::list<Kept> kept_;  // oldest first; a few dozen at most (capacity / 2 MiB)
+  std::list<HostBlock> kept_;  // oldest first; a few dozen at most (capacity / 2 MiB)
   uint64_t kept_bytes_ = 0;
   uint64_t reuses_ = 0;
   bool closed_ = false;

@@ -1,10 +1,13 @@
 // Host memory of owned tensors: blocks given back by dropped tensors and reused for new ones.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include <cerrno>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "pool/host_buffer.h"
 #include "pool/recycled_blocks.h"
 
 namespace instanttensor {
@@ -14,6 +17,28 @@ constexpr uint64_t kMiB = 1ull << 20;
 
 uintptr_t block_of(const c10::DataPtr& data, uint64_t prefix) {
   return reinterpret_cast<uintptr_t>(data.get()) - prefix;
+}
+
+bool is_mapped(void* address, uint64_t length) {
+  std::vector<unsigned char> pages((length + 4095) / 4096);
+  return ::mincore(address, length, pages.data()) == 0;  // ENOMEM: not mapped
+}
+
+// Large blocks are mappings of their own (not malloc's heap, whose changes wait for the page
+// faults read workers take in it), 2 MiB-aligned, and unmapped when freed.
+TEST(HostBuffer, LargeBlocksAreMappingsOfTheirOwnAndGoWhenFreed) {
+  void* address;
+  {
+    c10::DataPtr data = pool::allocate_host_window(5 * kMiB, 100, 4096, "a tensor");
+    address = static_cast<char*>(data.get()) - 100;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(address) % (2 * kMiB), 0u);
+    ASSERT_TRUE(is_mapped(address, 6 * kMiB));
+    static_cast<char*>(data.get())[5 * kMiB - 101] = 1;  // the whole span is writable
+  }
+  EXPECT_FALSE(is_mapped(address, 6 * kMiB));
+  EXPECT_EQ(errno, ENOMEM);
+  c10::DataPtr small = pool::allocate_host(4096, true, "a tensor");  // malloc's, prefaulted
+  EXPECT_EQ(static_cast<char*>(small.get())[4095], 0);
 }
 
 TEST(RecycledBlocks, ADroppedBlockServesTheNextRequestOfASimilarSize) {
