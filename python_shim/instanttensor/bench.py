@@ -6,7 +6,8 @@
 
 Workload, identical for every contender: iterate all tensors and copy each into a preallocated
 destination of the same shape (what a model loader does), so every byte is touched. Each sample
-runs in a fresh process; contenders are interleaved (A B C A B C ...); medians are reported.
+runs in a fresh process; contenders are interleaved, each round starting one contender later
+(A B C, B C A, C A B, ...); medians are reported.
 Cold samples evict every file from the page cache first (posix_fadvise DONTNEED, verified with
 mincore); warm samples read the files once beforehand. Ceilings, measured in the same run:
 an O_DIRECT sequential read of the same files at the same request size and depth (cold) and a
@@ -371,7 +372,10 @@ def run(args: argparse.Namespace) -> int:
             if reason:
                 table[n]["error"] = reason
         for round_index in range(args.samples):
-            for n in runnable:
+            # Each round starts one contender later: what runs right after a memory-hungry
+            # contender pays for the system reclaiming its memory, so no one sits there always.
+            shift = round_index % len(runnable) if runnable else 0
+            for n in runnable[shift:] + runnable[:shift]:
                 if "error" in table[n]:
                     continue
                 left = evict(files) if mode == "cold" else warm_up(files)
