@@ -13,6 +13,14 @@
 
 namespace instanttensor::loader {
 
+namespace {
+// The region's own reference is one; anything more is a consumer still holding the tensor (a
+// view, a list entry, an export).
+bool held_by_consumer(const c10::intrusive_ptr<c10::StorageImpl>& storage) {
+  return storage.use_count() > 1;
+}
+}  // namespace
+
 BorrowRing::BorrowRing(const LoaderStreams& streams, Memory memory, uint64_t capacity,
                        uint64_t alignment, const char* purpose)
     : streams_(streams),
@@ -106,9 +114,8 @@ uint64_t BorrowRing::release_oldest() {
   oldest.released.block(streams_.loader());
   uint64_t copied = 0;
   for (auto& storage : oldest.storages) {
-    // The region's own reference is one; anything more is a consumer still holding the tensor
-    // (a view, a list entry, an export). Give it memory of its own before the ring reuses this.
-    if (storage.use_count() > 1) {
+    // Give a tensor still held memory of its own before the ring reuses this.
+    if (held_by_consumer(storage)) {
       materialize(*storage);
       copied += 1;
     }
@@ -119,26 +126,17 @@ uint64_t BorrowRing::release_oldest() {
   return copied;
 }
 
-namespace {
-void drop_block_reference(void* owner) {
-  delete static_cast<std::shared_ptr<c10::DataPtr>*>(owner);
-}
-}  // namespace
-
 void BorrowRing::hand_over_retained() {
   std::vector<c10::StorageImpl*> retained;
   for (auto& region : regions_) {
     for (auto& storage : region.storages) {
-      if (storage.use_count() > 1 && storage->nbytes() > 0) retained.push_back(storage.get());
+      if (held_by_consumer(storage) && storage->nbytes() > 0) retained.push_back(storage.get());
     }
   }
   if (retained.empty()) return;
   auto owner = std::make_shared<c10::DataPtr>(std::move(block_));
   for (c10::StorageImpl* storage : retained) {
-    void* data = storage->mutable_data();
-    storage->set_data_ptr_noswap(c10::DataPtr(data, new std::shared_ptr<c10::DataPtr>(owner),
-                                              &drop_block_reference,
-                                              c10::Device(c10::DeviceType::CPU)));
+    storage->set_data_ptr_noswap(data_kept_by(storage->mutable_data(), owner));
   }
   for (auto& region : regions_) region.storages.clear();  // nothing left to copy out
   // Give the pages no retained tensor touches back to the system now; the address range goes

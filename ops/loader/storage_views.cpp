@@ -10,13 +10,16 @@ c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nb
                                                /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-c10::intrusive_ptr<c10::StorageImpl> make_storage_kept_by(uint8_t* data, uint64_t nbytes,
-                                                          std::shared_ptr<const void> owner) {
+c10::DataPtr data_kept_by(void* data, std::shared_ptr<const void> owner) {
   auto* keep = new std::shared_ptr<const void>(std::move(owner));
-  c10::DataPtr ptr(
+  return c10::DataPtr(
       data, keep, [](void* context) { delete static_cast<std::shared_ptr<const void>*>(context); },
       c10::Device(c10::DeviceType::CPU));
-  return make_storage(std::move(ptr), nbytes);
+}
+
+c10::intrusive_ptr<c10::StorageImpl> make_storage_kept_by(uint8_t* data, uint64_t nbytes,
+                                                          std::shared_ptr<const void> owner) {
+  return make_storage(data_kept_by(data, std::move(owner)), nbytes);
 }
 
 at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,

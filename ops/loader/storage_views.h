@@ -14,6 +14,10 @@ namespace instanttensor::loader {
 // A non-resizable storage of `nbytes` over `data` (which it owns if the DataPtr does).
 c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nbytes);
 
+// A CPU DataPtr at `data`, memory that `owner` keeps alive (a file mapping, a ring block): the
+// DataPtr holds `owner` until it is dropped.
+c10::DataPtr data_kept_by(void* data, std::shared_ptr<const void> owner);
+
 // A non-resizable CPU storage of `nbytes` at `data`, memory that `owner` keeps alive (a file
 // mapping): the storage holds `owner` until its last tensor is gone.
 c10::intrusive_ptr<c10::StorageImpl> make_storage_kept_by(uint8_t* data, uint64_t nbytes,
