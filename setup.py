@@ -65,7 +65,10 @@ class BinaryDistribution(Distribution):
 
 setup(
     name="instanttensor",
-    version="0.1.0",
+    # Upstream InstantTensor's API level 0.2.2 (what vLLM 0.33 requires: instanttensor>=0.2.2), built
+    # on libtorch: the local label keeps `>=0.2.2` and `==0.2.2` pins satisfied while naming
+    # this build apart from upstream's wheel. Keep in step with __init__.__version__.
+    version="0.2.2+libtorch",
     description="Load safetensors checkpoints into torch tensors at the speed of the storage",
     packages=["instanttensor", "instanttensor.integrations"],
     package_dir={"instanttensor": "python_shim/instanttensor"},

@@ -231,6 +231,8 @@ TORCH_LIBRARY(instanttensor, m) {
       "str[] metadata_values, bool has_metadata) -> ()");
   m.def("load_into_(Tensor(a!)[] destinations, str[] files, str[] names) -> ()");
   m.def("build_info() -> str", &build_info);
+  // Header-only: the Python layer matches tensor_filter patterns against these names.
+  m.def("tensor_names(str[] files) -> str[]", &tensor_names);
   m.class_<LoaderHolder>("Loader")
       .def(torch::init<std::vector<std::string>, c10::Device, bool,
                        std::optional<std::vector<std::string>>, std::optional<int64_t>,

@@ -174,6 +174,12 @@ class SafeOpen {
   std::shared_ptr<Loader> loader_;
 };
 
+// The names of every tensor of `files`, in storage order (files sorted by path, then by offset),
+// from their validated headers; no tensor data is read. Throws Error naming the file for a
+// missing or malformed file. For choosing a selection (OpenOptions::keys) by pattern before
+// opening. Any thread.
+std::vector<std::string> tensor_names(std::vector<std::string> files);
+
 // Every tensor of `file` as owned tensors on `device` (as safetensors.torch.load_file).
 std::map<std::string, at::Tensor> load_file(const std::string& file,
                                             c10::Device device = c10::Device(c10::DeviceType::CPU));

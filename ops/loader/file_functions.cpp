@@ -1,11 +1,20 @@
 // load_file and save_file, compatible with safetensors.torch.
 #include <set>
 
+#include "format/checkpoint.h"
 #include "format/writer.h"
 #include "instanttensor/instanttensor.h"
 #include "loader/torch_dtype.h"
 
 namespace instanttensor {
+
+std::vector<std::string> tensor_names(std::vector<std::string> files) {
+  format::Checkpoint checkpoint(std::move(files));
+  std::vector<std::string> names;
+  names.reserve(checkpoint.tensors().size());
+  for (const auto& tensor : checkpoint.tensors()) names.push_back(tensor.name());
+  return names;
+}
 
 std::map<std::string, at::Tensor> load_file(const std::string& file, c10::Device device) {
   OpenOptions options;

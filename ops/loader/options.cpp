@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <utility>
 
 namespace instanttensor::loader {
 
@@ -43,25 +44,71 @@ uint64_t positive(std::optional<int64_t> explicit_value, const char* option, con
   return static_cast<uint64_t>(value);
 }
 
+// Upstream InstantTensor's backend names (any case), each mapped onto the backend of ours that
+// does the same job; "cufile" is GPUDirect Storage, which this build does not have.
+const std::vector<std::pair<std::string, std::string>>& upstream_backend_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"aio", "direct"},  // libaio + O_DIRECT upstream: our O_DIRECT pread pool
+      {"aio_buffered", "buffered"},
+      {"cufile", "cufile"},
+      // URING, URING_BUFFERED and MMAP are our names already, and BUFFERED (upstream's policy:
+      // page-cache reads) is our own "buffered".
+  };
+  return names;
+}
+
+std::string trimmed_lower(const std::string& text) {
+  size_t begin = text.find_first_not_of(" \t");
+  if (begin == std::string::npos) return "";
+  size_t end = text.find_last_not_of(" \t");
+  std::string name = text.substr(begin, end - begin + 1);
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return name;
+}
+
+// A comma list of our names and upstream's, in any case, blanks around names and empty entries
+// ignored (as upstream reads INSTANTTENSOR_BACKEND), mapped to our names in order. "cufile" is
+// dropped (not built); a list with nothing else is an error, as upstream's "no available backend".
 std::vector<std::string> parse_backends(const std::string& text, const std::string& what) {
-  std::vector<std::string> names;
-  size_t start = 0;
   const auto& known = known_backend_names();
   std::string accepted;
   for (const auto& name : known) accepted += (accepted.empty() ? "" : ", ") + name;
+  for (const auto& [upstream, ours] : upstream_backend_names()) {
+    std::string upper = upstream;
+    std::transform(upper.begin(), upper.end(), upper.begin(),
+                   [](unsigned char c) { return std::toupper(c); });
+    accepted += ", " + upper;
+  }
+  accepted += ", BUFFERED (upstream's names in any case)";
+  std::vector<std::string> names;
+  bool asked_for_cufile = false;
+  size_t start = 0;
   while (start <= text.size()) {
     size_t comma = text.find(',', start);
-    std::string name =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    std::transform(name.begin(), name.end(), name.begin(),
-                   [](unsigned char c) { return std::tolower(c); });
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      bad(what, text, "a comma list of " + accepted);
+    std::string name = trimmed_lower(
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    start = comma == std::string::npos ? text.size() + 1 : comma + 1;
+    if (name.empty()) continue;
+    std::string mapped;
+    if (std::find(known.begin(), known.end(), name) != known.end()) mapped = name;
+    for (const auto& [upstream, ours] : upstream_backend_names()) {
+      if (name == upstream) mapped = ours;
     }
-    names.push_back(name);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+    if (mapped.empty()) bad(what, text, "a comma list of " + accepted);
+    if (mapped == "cufile") {
+      asked_for_cufile = true;
+      continue;
+    }
+    names.push_back(mapped);
   }
+  if (names.empty() && asked_for_cufile) {
+    throw Error(ErrorKind::Argument, "", "",
+                what + "='" + text +
+                    "' names no usable backend: CUFILE (GPUDirect Storage) is not built into "
+                    "this instanttensor; add another candidate, e.g. 'CUFILE,AIO'");
+  }
+  if (names.empty()) bad(what, text, "a comma list of " + accepted);
   return names;
 }
 

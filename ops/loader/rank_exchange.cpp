@@ -83,7 +83,7 @@ uint64_t RankExchange::handshake(uint64_t digest, uint64_t budget, const std::st
                 "ranks opened different checkpoints, selections or layout options (rank" +
                     differing +
                     " differ from rank 0); every rank must open the same files with the same "
-                    "keys, copy, buffer_size and chunk_size");
+                    "selection (keys or tensor_filter), copy, buffer_size and chunk_size");
   }
   return smallest;
 }

@@ -10,11 +10,15 @@ from ._library import load_library
 load_library()
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
+from ._backends import Backend, BackendPolicy  # noqa: E402
 from ._files import load_file, load_into, save_file  # noqa: E402
 from ._safe_open import LoadIntoResult, SafeSlice, safe_open  # noqa: E402
 
-__version__ = "0.1.0"
+# Upstream InstantTensor's API level (0.2.2), built on libtorch; setup.py carries the same version.
+__version__ = "0.2.2+libtorch"
+UPSTREAM_API_LEVEL = "0.2.2"
 
 __all__ = [
-    "safe_open", "SafeSlice", "LoadIntoResult", "load_file", "load_into", "save_file", "__version__",
+    "safe_open", "Backend", "BackendPolicy", "SafeSlice", "LoadIntoResult", "load_file",
+    "load_into", "save_file", "__version__", "UPSTREAM_API_LEVEL",
 ]

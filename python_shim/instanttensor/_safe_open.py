@@ -10,7 +10,9 @@ import torch
 
 from ._device import DeviceLike, to_device
 from ._dtypes import format_name, torch_dtype
+from ._backends import backend_argument
 from ._errors import engine_errors, translate_error
+from ._selection import check_selection, selected_keys
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -153,8 +155,10 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         concurrency: int | None = None,
         io_depth: int | None = None,
         max_free_mem_usage: float | None = None,
-        backend: str | Sequence[str] | None = None,
+        backend: Any = None,
         load_now: bool = True,
+        tensor_filter: list[str] | None = None,
+        tensor_name_match_mode: str = "glob",
         host_fallback: bool = False,
         staging_size: int | None = None,
         _force_staging: bool = False,
@@ -164,58 +168,91 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             raise ValueError(f"framework={framework!r} is not supported; use 'pt'")
         if max_free_mem_usage is not None and not (0.0 < float(max_free_mem_usage) <= 1.0):
             raise ValueError(f"max_free_mem_usage={max_free_mem_usage!r} must be in (0, 1]")
-        device_budget = None
-        if keys is not None:
-            if isinstance(keys, str):
-                raise ValueError("keys must be a list of tensor names, not a string")
-            keys = [str(k) for k in keys]
-        if backend is not None and not isinstance(backend, str):
-            backend = ",".join(backend)
+        check_selection(keys, tensor_filter, tensor_name_match_mode)  # before any I/O
         self._device = to_device(device)
-        self._files = _paths(filename)
+        self._files = _paths(filename)  # a new list: the caller's is never sorted in place
+        device_budget = None
         if self._device.type == "cuda":
             if not torch.cuda.is_available():
                 raise ValueError(f"device={device!r}: CUDA is not available in this torch")
             if self._device.index is None:  # "cuda": the current device, resolved now
                 self._device = torch.device("cuda", torch.cuda.current_device())
             device_budget = _device_budget(self._device, max_free_mem_usage)
-        self.load_now = load_now  # reads always start at the first step; kept for compatibility
+        self.copy: bool = bool(copy)
+        self.load_now = load_now
+        # Everything the engine needs but the selection, which reads the headers when opening.
+        self._open_arguments = dict(
+            copy=bool(copy),
+            buffer_size=_optional_int("buffer_size", buffer_size),
+            chunk_size=_optional_int("chunk_size", chunk_size),
+            concurrency=_optional_int("concurrency", concurrency),
+            io_depth=_optional_int("io_depth", io_depth),
+            backend=backend_argument(backend),
+            process_group=_boxed_group(process_group),
+            staging_size=_optional_int("staging_size", staging_size),
+            device_budget=device_budget,
+            host_fallback=bool(host_fallback),
+            force_staging=bool(_force_staging),
+        )
+        self._selection = (keys, tensor_filter, tensor_name_match_mode)
+        if load_now:
+            self._open(stacklevel=3)
+        # load_now=False (upstream): files are opened and validated at __enter__ or first use.
+
+    def _open(self, stacklevel: int = 2) -> None:
+        keys, tensor_filter, match_mode = self._selection
+        arguments = self._open_arguments
+        selection = selected_keys(self._files, keys, tensor_filter, match_mode)
         with engine_errors():
-            self._handle = torch.classes.instanttensor.Loader(
+            handle = torch.classes.instanttensor.Loader(
                 self._files,
                 self._device,
-                bool(copy),
-                keys,
-                _optional_int("buffer_size", buffer_size),
-                _optional_int("chunk_size", chunk_size),
-                _optional_int("concurrency", concurrency),
-                _optional_int("io_depth", io_depth),
-                backend,
-                _boxed_group(process_group),
-                _optional_int("staging_size", staging_size),
-                device_budget,
-                bool(host_fallback),
-                bool(_force_staging),
+                arguments["copy"],
+                selection,
+                arguments["buffer_size"],
+                arguments["chunk_size"],
+                arguments["concurrency"],
+                arguments["io_depth"],
+                arguments["backend"],
+                arguments["process_group"],
+                arguments["staging_size"],
+                arguments["device_budget"],
+                arguments["host_fallback"],
+                arguments["force_staging"],
             )
-            for message in self._handle.open_warnings():
-                warnings.warn(message, stacklevel=2)
-        self.copy: bool = bool(copy)
+            for message in handle.open_warnings():
+                warnings.warn(message, stacklevel=stacklevel + 1)
+        self._handle = handle
+
+    def _engine(self) -> Any:
+        """The open engine handle, opening now if load_now=False deferred it."""
+        if self._handle is None:
+            if self._open_arguments is None:
+                raise ValueError(f"safe_open({self._files[0]!r}, ...) is closed")
+            self._open(stacklevel=3)
+        return self._handle
 
     # Read on demand: each call into the engine costs microseconds that add up over many opens.
     @property
     def total_tensor_size(self) -> int:
         """Bytes of the selected tensors."""
         with engine_errors():
-            return self._handle.total_tensor_size()
+            return self._engine().total_tensor_size()
 
     @property
     def buffer_size(self) -> int:
         """Pool bytes (copy=False) or read-ahead budget (copy=True)."""
         with engine_errors():
-            return self._handle.buffer_size()
+            return self._engine().buffer_size()
+
+    @property
+    def file_metadata(self) -> dict[str, str] | None:
+        """Upstream's attribute (ComfyUI reads it): the same as metadata()."""
+        return self.metadata()
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> "safe_open":
+        self._engine()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -226,37 +263,39 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         if self._handle is not None:
             with engine_errors():
                 self._handle.close()
+        else:  # never opened (load_now=False): nothing to release, and nothing to open later
+            self._open_arguments = None
 
     # -- names and metadata ----------------------------------------------------------------
     def keys(self) -> list[str]:
         """Selected tensor names, sorted (as safetensors)."""
         with engine_errors():
-            return list(self._handle.keys())
+            return list(self._engine().keys())
 
     def offset_keys(self) -> list[str]:
         """Selected tensor names in storage order (files sorted, then by offset)."""
         with engine_errors():
-            return list(self._handle.offset_keys())
+            return list(self._engine().offset_keys())
 
     def metadata(self) -> dict[str, str] | None:
         """The files' __metadata__, or None when no file has one (as safetensors)."""
         with engine_errors():
-            if not self._handle.has_metadata():
+            if not self._engine().has_metadata():
                 return None
-            return dict(self._handle.metadata())
+            return dict(self._engine().metadata())
 
     def get_tensor_metadata(self, name: str) -> tuple[torch.dtype, torch.Size]:
         """(dtype, shape) of a tensor without reading its data."""
         with engine_errors():
-            dtype, shape = self._handle.get_tensor_metadata(name)
+            dtype, shape = self._engine().get_tensor_metadata(name)
         return torch_dtype(dtype), torch.Size(shape)
 
     # -- data ------------------------------------------------------------------------------
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) in storage order; every call starts a new pass."""
         with engine_errors():
-            self._handle.restart()
-        step = self._handle.next
+            self._engine().restart()
+        step = self._engine().next
         while True:
             try:  # not engine_errors(): a context manager per tensor costs more than small reads
                 item = step()
@@ -275,9 +314,9 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     def _all_tensors(self) -> dict[str, torch.Tensor]:
         """Every selected tensor, owned, in storage order (load_file's one pass)."""
         with engine_errors():
-            self._handle.restart()
+            self._engine().restart()
             out = {}
-            step = self._handle.next
+            step = self._engine().next
             while (item := step()) is not None:
                 out[item[0]] = item[1]
             return out
@@ -285,7 +324,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     def get_tensor(self, name: str) -> torch.Tensor:
         """An owned tensor, in any order, any number of times."""
         with engine_errors():
-            return self._handle.get_tensor(name)
+            return self._engine().get_tensor(name)
 
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy slice object (safetensors API); indexing reads only the needed rows."""
@@ -314,21 +353,21 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             names.append(name)
             tensors.append(tensor.detach())
         with engine_errors():
-            missing, unexpected = self._handle.load_into(names, tensors, bool(strict))
+            missing, unexpected = self._engine().load_into(names, tensors, bool(strict))
         return LoadIntoResult(list(missing), list(unexpected))
 
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         with engine_errors():
-            return self._handle.get_rows(name, start, stop)
+            return self._engine().get_rows(name, start, stop)
 
     def stats(self) -> dict[str, Any]:
         """Counters since open: bytes_read, read_requests, materializations, timings, backend."""
         with engine_errors():
             counters: dict[str, Any] = {
                 k: (int(v) if float(v).is_integer() and not k.endswith("seconds") else v)
-                for k, v in self._handle.stats().items()
+                for k, v in self._engine().stats().items()
             }
-            counters["backend"] = self._handle.backend()
+            counters["backend"] = self._engine().backend()
         return counters
 
     def __del__(self) -> None:

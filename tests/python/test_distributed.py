@@ -28,6 +28,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
     rank, world, spec = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
     files = spec["files"][rank]
+    spec["options"].update(spec.get("rank_options", {}).get(str(rank), {}))
     if spec.get("fault_rank") == rank:
         torch.ops.load_library(spec["testing_library"])
     dist.init_process_group(spec.get("backend", "gloo"), init_method="file://" + spec["store"],
@@ -210,6 +211,31 @@ def test_keys_selection_exchanges_only_the_selected_tensors(tmp_path, checkpoint
         assert "error" not in result, result["error"]
         assert result["digests"] == {k: expected[k] for k in keys}
     assert sum(r["stats"]["bytes_read"] for r in results) <= results[0]["total"] + 2 * 8192
+
+
+def test_a_tensor_filter_with_a_group_exchanges_the_selection_every_rank_shares(tmp_path,
+                                                                                checkpoint):
+    # Upstream refuses tensor_filter with a process group; the same selection on every rank is
+    # fine here: the handshake's digest covers it.
+    paths, expected, _ = checkpoint
+    options = {"tensor_filter": ["layer.1*", "tiny", "emb?d"], "chunk_size": 4096}
+    results = run_ranks(tmp_path, [paths] * 2, options)
+    selected = {"layer.1.weight", "layer.10.weight", "layer.11.weight", "tiny", "embed"}
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == {k: expected[k] for k in selected}
+        assert result["warnings"] == []
+    assert sum(r["stats"]["bytes_read"] for r in results) <= results[0]["total"] + 2 * 8192
+
+
+def test_different_tensor_filters_on_the_ranks_raise_on_every_rank(tmp_path, checkpoint):
+    paths, _, _ = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {"tensor_name_match_mode": "exact"},
+                        rank_options={"0": {"tensor_filter": ["embed", "tiny"]},
+                                      "1": {"tensor_filter": ["embed"]}})
+    for result in results:
+        assert "ValueError: " in result.get("error", ""), result
+        assert "different checkpoints, selections" in result["error"], result
 
 
 def test_a_group_without_a_backend_for_the_target_loads_locally_and_warns(tmp_path, checkpoint):
