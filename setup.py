@@ -9,6 +9,7 @@ isolated environment, and the library must match the torch that will load it.
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -31,13 +32,15 @@ class CMakeBuild(build_py):
         build_dir = os.path.join(ROOT, "build", f"python-{key}")
         os.makedirs(build_dir, exist_ok=True)
         generator = ["-G", "Ninja"] if _has_ninja() else []
-        subprocess.check_call(
+        if shutil.which("cmake") is None:
+            raise SystemExit(MISSING_SYSTEM_PACKAGES.format(what="cmake is not on PATH"))
+        _configure(
             ["cmake", ROOT, *generator, "-DCMAKE_BUILD_TYPE=Release",
              f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
              f"-DPython3_EXECUTABLE={sys.executable}",
              "-DINSTANTTENSOR_BUILD_TESTS=OFF", "-DINSTANTTENSOR_BUILD_EXAMPLES=OFF",
              *shlex.split(os.environ.get("CMAKE_ARGS", ""))],  # extra CMake options, if any
-            cwd=build_dir)
+            build_dir)
         jobs = str(max(1, os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", ".", "--target", "instanttensor", "-j", jobs],
                               cwd=build_dir)
@@ -50,10 +53,27 @@ class CMakeBuild(build_py):
             out.write(f"TORCH_VERSION = {torch.__version__!r}\n")
 
 
-def _has_ninja():
-    from shutil import which
+MISSING_SYSTEM_PACKAGES = """
+instanttensor could not be configured: {what}.
+It builds with CMake against the installed torch and needs these system packages:
+  Debian/Ubuntu:  sudo apt-get install cmake g++ nlohmann-json3-dev liburing-dev
+(liburing-dev is optional: it adds the io_uring backend; ninja-build makes the build faster.)
+Then run again:  pip install --no-build-isolation .
+"""
 
-    return which("ninja") is not None
+
+def _configure(command, build_dir):
+    """Runs CMake's configure step; a failure ends the install with what to apt-get install
+    (CMake's own message, printed above it, says which package it missed)."""
+    try:
+        subprocess.check_call(command, cwd=build_dir)
+    except subprocess.CalledProcessError:
+        raise SystemExit(MISSING_SYSTEM_PACKAGES.format(
+            what="CMake's configure step failed (its message is above)")) from None
+
+
+def _has_ninja():
+    return shutil.which("ninja") is not None
 
 
 class BinaryDistribution(Distribution):

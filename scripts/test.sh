@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: installs, checks formatting, builds with warnings as errors, runs the C++ tests
-# (ctest), the sanitizer builds and the fuzzers (scripts/sanitize.sh), and the Python tests
-# (pytest) against the installed package.
+# (ctest), the sanitizer builds and the fuzzers (scripts/sanitize.sh), the Python tests (pytest)
+# against the installed package, and the callers' released loaders (scripts/test_callers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -14,4 +14,7 @@ echo "== ctest"
 FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/sanitize.sh
 echo "== pytest"
 cd tests/python  # so `import instanttensor` finds the installed package, not python_shim/
-INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider .
+INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider \
+  --ignore=test_callers.py .
+cd "$ROOT"
+bash scripts/test_callers.sh

@@ -1,30 +1,15 @@
 #include "format/writer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "format/durable_file.h"
 #include "instanttensor/error.h"
 
 namespace instanttensor::format {
 
 namespace {
-
-void write_all(int fd, const void* data, uint64_t count, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (count > 0) {
-    ssize_t n = ::write(fd, p, std::min<uint64_t>(count, 1u << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw system_error(errno, path, "write failed");
-    p += n;
-    count -= static_cast<uint64_t>(n);
-  }
-}
 
 uint64_t expected_bytes(const WriterTensor& t, const std::string& path) {
   uint64_t elements = 1;
@@ -92,26 +77,11 @@ void write_safetensors(const std::string& path, const std::vector<WriterTensor>&
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<uint8_t>(n >> (8 * i));
 
-  std::string temp_path = path + ".tmp-instanttensor-" + std::to_string(::getpid());
-  int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw system_error(errno, path, "cannot create");
-  try {
-    write_all(fd, prefix, 8, path);
-    write_all(fd, text.data(), text.size(), path);
-    for (const WriterTensor* t : order) write_all(fd, t->data, t->nbytes, path);
-    if (::close(fd) != 0) {
-      fd = -1;
-      throw system_error(errno, path, "close failed");
-    }
-    fd = -1;
-    if (::rename(temp_path.c_str(), path.c_str()) != 0) {
-      throw system_error(errno, path, "cannot rename the temporary file into place");
-    }
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(temp_path.c_str());
-    throw;
-  }
+  DurableFile file(path);
+  file.write(prefix, 8);
+  file.write(text.data(), text.size());
+  for (const WriterTensor* t : order) file.write(t->data, t->nbytes);
+  file.commit();
 }
 
 }  // namespace instanttensor::format

@@ -18,11 +18,13 @@ struct WriterTensor {
   uint64_t nbytes = 0;
 };
 
-// Writes `tensors` to `path` (through a temporary file in the same folder, renamed into place, so
-// a failed write never leaves a half file under the name). Data is ordered by descending dtype
-// alignment, then name, so every tensor is naturally aligned; the JSON is padded with spaces to a
-// multiple of 8. Rejects duplicate names, the name "__metadata__", and a byte count that does
-// not match shape x dtype. Throws Error naming the path and tensor. Any thread.
+// Writes `tensors` to `path` through a DurableFile: an unnamed file in the same folder (a named
+// temporary where the file system has none), fsynced, renamed over `path`, the folder fsynced;
+// a failed or killed write never leaves a half file under the name, nor a temporary behind. Data is
+// ordered by descending dtype alignment, then name, so every tensor is naturally aligned; the JSON
+// is padded with spaces to a multiple of 8. Rejects duplicate names, the name "__metadata__", and a
+// byte count that does not match shape x dtype. Throws Error naming the path and tensor. Any
+// thread.
 void write_safetensors(const std::string& path, const std::vector<WriterTensor>& tensors,
                        const std::map<std::string, std::string>* metadata);
 

@@ -166,10 +166,34 @@ Loader::~Loader() {
   }
 }
 
-void Loader::ensure_open() const {
+void Loader::ensure_open() {
   if (closed_) {
     throw Error(ErrorKind::Argument, checkpoint_ ? checkpoint_->files()[0].path : "", "",
                 "the checkpoint was closed");
+  }
+  if (process_.entered_new_process()) leave_parent_work_behind();
+}
+
+void Loader::leave_parent_work_behind() {
+  // The parent's workers are gone: their backend is leaked, never joined, and its reads are
+  // never waited for. The next read starts workers of this process.
+  reads_->abandon_after_fork();
+  staged_shares_.clear();
+  shares_in_staging_ = 0;
+  // A parent thread may have held the pool's lock at the fork; tensors handed out before it
+  // keep the old pool (their deleters), new ones use a fresh one.
+  recycled_ = std::make_shared<pool::RecycledBlocks>(memory_.buffer_size / 2);
+  if (pass_started_ && !pass_error_) {
+    pass_error_.emplace(process_.refusal(checkpoint_->files()[0].path,
+                                         "an iteration that was in progress at the fork"));
+  }
+}
+
+void Loader::refuse_in_child(const std::string& what, bool iteration) const {
+  if (!process_.forked()) return;
+  bool host_target = options_.device.is_cpu() && !staged_;
+  if (!host_target || (iteration && (host_ring_ || exchange_))) {
+    throw process_.refusal(checkpoint_->files()[0].path, what);
   }
 }
 
@@ -186,7 +210,7 @@ const std::string& Loader::file_of(const format::IndexedTensor& t) const {
 }
 
 std::vector<std::string> Loader::offset_keys() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   std::vector<std::string> names;
   for (size_t index : plan_.items) names.push_back(checkpoint_->tensors()[index].name());
   return names;
@@ -199,27 +223,27 @@ std::vector<std::string> Loader::keys() const {
 }
 
 std::optional<std::map<std::string, std::string>> Loader::metadata() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   if (!checkpoint_->has_metadata()) return std::nullopt;
   return checkpoint_->metadata();
 }
 
 TensorMetadata Loader::get_tensor_metadata(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   const auto& t = selected_tensor(name);
   return TensorMetadata{loader::to_torch_dtype(t.entry->dtype, file_of(t), name),
                         loader::to_torch_shape(*t.entry, file_of(t))};
 }
 
 Stats Loader::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   Stats stats = stats_;
   stats.recycled_blocks = recycled_->reuses();
   return stats;
 }
 
 std::vector<std::string> Loader::warnings() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   return warnings_;
 }
 
@@ -293,8 +317,12 @@ void Loader::begin_pass() {
 }
 
 void Loader::restart() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   ensure_open();
+  refuse_in_child(
+      "iterating a checkpoint with borrowed buffers, a process group or an "
+      "accelerator target",
+      /*iteration=*/true);
   if (exchange_) {
     // Distributed: the pass begins inside the first next(), where a failure (a changed file)
     // travels with the first status round instead of raising on this rank alone.
@@ -698,8 +726,13 @@ at::Tensor Loader::aligned(at::Tensor tensor) {
 }
 
 std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   ensure_open();
+  if (pass_error_) throw *pass_error_;  // an iteration that was in progress at a fork, too
+  refuse_in_child(
+      "iterating a checkpoint with borrowed buffers, a process group or an "
+      "accelerator target",
+      /*iteration=*/true);
   if (!exchange_) {
     if (!pass_started_) begin_pass();
     if (pass_error_) throw *pass_error_;
@@ -797,8 +830,9 @@ c10::intrusive_ptr<c10::StorageImpl> Loader::mapped_storage(const format::Indexe
 }
 
 at::Tensor Loader::get_tensor(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   ensure_open();
+  refuse_in_child("get_tensor on an accelerator target", /*iteration=*/false);
   const auto& t = selected_tensor(name);
   auto dtype = loader::to_torch_dtype(t.entry->dtype, file_of(t), name);
   auto shape = loader::to_torch_shape(*t.entry, file_of(t));
@@ -808,8 +842,9 @@ at::Tensor Loader::get_tensor(const std::string& name) {
 }
 
 at::Tensor Loader::get_rows(const std::string& name, int64_t start, int64_t stop) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   ensure_open();
+  refuse_in_child("get_slice on an accelerator target", /*iteration=*/false);
   const auto& t = selected_tensor(name);
   auto dtype = loader::to_torch_dtype(t.entry->dtype, file_of(t), name);
   auto shape = loader::to_torch_shape(*t.entry, file_of(t));
@@ -832,8 +867,14 @@ at::Tensor Loader::get_rows(const std::string& name, int64_t start, int64_t stop
 
 LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
                                  const std::vector<at::Tensor>& destinations, bool strict) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   ensure_open();
+  refuse_in_child("load_into on an accelerator target", /*iteration=*/false);
+  for (const auto& destination : destinations) {
+    if (process_.forked() && !destination.device().is_cpu()) {
+      throw process_.refusal(checkpoint_->files()[0].path, "load_into onto a device");
+    }
+  }
   auto matched = loader::match_destinations(*checkpoint_, plan_.items, names, destinations, strict);
   checkpoint_->check_unchanged();
   auto start = Clock::now();
@@ -846,9 +887,16 @@ LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
 }
 
 void Loader::close() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = mutex_.lock();
   if (closed_) return;
   closed_ = true;
+  if (process_.entered_new_process()) leave_parent_work_behind();
+  if (process_.forked()) {
+    // The group's and the device's threads, streams and memory were the parent's: leaked here,
+    // never joined or synchronized (the parent still owns and closes them).
+    (void)exchange_.release();
+    (void)stage_.release();
+  }
   drain_in_flight();
   items_.clear();
   groups_.clear();

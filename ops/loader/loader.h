@@ -15,6 +15,7 @@
 #include "io/io_setup.h"
 #include "loader/borrow_ring.h"
 #include "loader/device_stage.h"
+#include "loader/fork_safety.h"
 #include "loader/memory_plan.h"
 #include "loader/options.h"
 #include "loader/rank_exchange.h"
@@ -29,6 +30,11 @@ namespace instanttensor {
 // through: place (its destination: owned memory or a ring region) -> submit (its bytes, or this
 // rank's slices of its units) -> land (reads done; copied to the device) -> exchange (status
 // round + all-gather per unit) -> hand out (owned, borrowed, or an owned copy).
+//
+// Fork: in a forked child the parent's worker threads do not exist. The first call there leaves
+// the parent's reads, pass, exchange and device state behind without waiting for them; random
+// access on a CPU target then reads with workers the child starts; an iteration in progress at the
+// fork, borrowed rings, the exchange's collectives and accelerator targets raise instead.
 //
 // Thread contract: every public method takes `mutex_`, so calls from several threads are
 // serialized; the thread inside a call is "the consumer's thread" for the rules of safe
@@ -96,7 +102,12 @@ class Loader {
   // Distributed: chooses where the exchange runs, and agrees with the other ranks on the
   // checkpoint, the layout and the device budget (one collective).
   void open_exchange(const std::vector<size_t>& selected, const OpenOptions& options);
-  void ensure_open() const;
+  // Throws when closed; in a forked child, leaves the parent's work behind first (once).
+  void ensure_open();
+  void leave_parent_work_behind();
+  // In a forked child, throws the ProcessOwner refusal for `what` when this loader's target,
+  // rings or group cannot work there.
+  void refuse_in_child(const std::string& what, bool iteration) const;
   void begin_pass();
   void drain_in_flight() noexcept;
   // Places and submits groups ahead of the consumer, as far as memory allows.
@@ -146,7 +157,8 @@ class Loader {
     return memory_.layout.unit_count(plan_.groups[group].length);
   }
 
-  mutable std::mutex mutex_;
+  loader::ForkSafeMutex mutex_;
+  loader::ProcessOwner process_;
   loader::ResolvedOptions options_;
   std::unique_ptr<format::Checkpoint> checkpoint_;
   plan::ReadPlan plan_;

@@ -59,6 +59,14 @@ class ReadScheduler {
   size_t in_flight() const { return backend_ ? backend_->in_flight() : 0; }
   // Joins the workers. Call after drain().
   void stop() { backend_.reset(); }
+  // In a forked child: the backend's workers were the parent's threads and are gone, so its
+  // object is leaked on purpose (destroying it would join them) and every tag is forgotten. The
+  // next submit starts a backend of this process.
+  void abandon_after_fork() {
+    (void)backend_.release();
+    tags_.clear();
+    failed_.clear();
+  }
 
  private:
   struct TagState {

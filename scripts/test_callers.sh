@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The callers' own released loader functions against our installed package
+# (tests/python/test_callers.py): vLLM 0.33.0 and SGLang 0.5.23, installed from their wheels
+# without their dependencies (they pin CUDA builds of torch), plus the pure-Python packages
+# their weight_utils modules import (tests/callers/*.txt, exact versions), each in a venv:
+#   vllm   - over the main environment (torch 2.13 and our package, installed by build.sh);
+#   sglang - its own: its import chain reaches torchvision, which needs the torch it was built
+#            for, so torch==2.14.1 + torchvision==0.29.1 (a CUDA build, ~5.5 GB, from local
+#            files here) and our package built against that torch.
+# CALLERS_VENVS (default /tmp/instanttensor-callers) keeps the venvs between runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PYTHON=${PYTHON:-python3}
+VENVS=${CALLERS_VENVS:-/tmp/instanttensor-callers}
+mkdir -p "$VENVS"
+run_tests() {  # run_tests PYTHON CALLER
+  (cd tests/python && INSTANTTENSOR_REQUIRE_CALLERS=$2 "$1" -m pytest -q -p no:cacheprovider \
+    test_callers.py -k "$2")
+}
+
+echo "== callers: vLLM 0.33.0"
+V="$VENVS/vllm"
+[ -x "$V/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$V"
+"$V/bin/python" -m pip install -q --no-deps vllm==0.33.0 -r tests/callers/vllm-0.33.0.txt
+run_tests "$V/bin/python" vllm
+
+echo "== callers: SGLang 0.5.23"
+S="$VENVS/sglang"
+[ -x "$S/bin/python" ] || "$PYTHON" -m venv "$S"
+"$S/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1
+"$S/bin/python" -m pip install -q setuptools wheel safetensors pytest numpy tqdm packaging
+"$S/bin/python" -m pip install -q --no-build-isolation "$ROOT"
+"$S/bin/python" -m pip install -q --no-deps sglang==0.5.23 -r tests/callers/sglang-0.5.23.txt
+run_tests "$S/bin/python" sglang
