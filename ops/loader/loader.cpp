@@ -1,5 +1,6 @@
 #include "loader/loader.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -175,6 +176,10 @@ void Loader::ensure_open() {
 }
 
 void Loader::leave_parent_work_behind() {
+  // torch's CPU kernels (the copies here use them) run on an OpenMP team that does not survive
+  // fork: the child's first parallel copy waits for threads that are gone. One intra-op thread
+  // in the child, as torch's own DataLoader workers set.
+  if (at::get_num_threads() > 1) at::set_num_threads(1);
   // The parent's workers are gone: their backend is leaked, never joined, and its reads are
   // never waited for. The next read starts workers of this process.
   reads_->abandon_after_fork();

@@ -93,6 +93,9 @@ def test_dataloader_workers_forked_while_the_parent_iterates(checkpoint, backend
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_fork_in_the_middle_of_an_iteration(checkpoint, backend):
     path, tensors = checkpoint
+    # The parent ran torch's parallel CPU kernels (OpenMP) before the fork, as a real program has:
+    # the child's copies must not wait for the parent's OpenMP team.
+    torch.randn(1024, 2048).clone()
     with instanttensor.safe_open(path, backend=backend, concurrency=2,
                                  buffer_size=8 << 20) as f:
         iteration = f.tensors()

@@ -1,0 +1,118 @@
+#include "sim_allocators.h"
+
+#include <ATen/core/CachingHostAllocator.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "sim_runtime.h"
+
+namespace simdev {
+namespace {
+
+// One device allocation: the streams that used it (the current one at allocation, and those
+// recorded); freeing waits for all of them to pass, then scribbles over the bytes, so a copy
+// ordered wrongly after the free reads garbage instead of the old bytes.
+struct DeviceBlock {
+  void* host = nullptr;
+  uint64_t size = 0;
+  c10::DeviceIndex device = 0;
+  std::mutex mutex;
+  std::vector<c10::Stream> streams;
+};
+
+void release(DeviceBlock* block) {
+  std::memset(block->host, 0xA5, block->size);
+  std::free(block->host);
+  add_device_bytes(block->device, -static_cast<int64_t>(block->size));
+  delete block;
+}
+
+void free_device_block(void* context) {
+  auto* block = static_cast<DeviceBlock*>(context);
+  std::vector<c10::Stream> users;
+  {
+    std::lock_guard<std::mutex> lock(block->mutex);
+    users = block->streams;
+  }
+  // The last of the streams to pass its marker releases the block.
+  auto remaining = std::make_shared<std::atomic<int>>(static_cast<int>(users.size()));
+  for (const auto& user : users) {
+    stream_of(user).enqueue([block, remaining] {
+      if (remaining->fetch_sub(1) == 1) release(block);
+    });
+  }
+}
+
+struct DeviceAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DeviceIndex device = current_device();
+    auto* block = new DeviceBlock();
+    block->size = std::max<uint64_t>(nbytes, 1);
+    block->host = std::aligned_alloc(512, (block->size + 511) / 512 * 512);
+    TORCH_CHECK(block->host != nullptr, "simdev: out of memory allocating ", nbytes, " bytes");
+    std::memset(block->host, 0x5A, block->size);  // fresh device memory is never zero by luck
+    block->device = device;
+    block->streams.push_back(current_stream(device));
+    add_device_bytes(device, static_cast<int64_t>(block->size));
+    return c10::DataPtr(real(block->host), block, &free_device_block,
+                        c10::Device(c10::DeviceType::PrivateUse1, device));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    // Host-side copies of device memory (torch's clone of a storage) go through a stream.
+    auto& s = stream_of(current_stream(current_device()));
+    s.wait_for(s.enqueue([=] { std::memcpy(real(dest), real(src), count); }));
+  }
+};
+
+void free_pinned(void* base) {
+  remove_pinned_block(base);
+  std::free(base);
+}
+
+struct PinnedAllocator final : public at::HostAllocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    // Page-aligned, rounded to a power of two as torch's caching host allocators do.
+    size_t size = 4096;
+    while (size < nbytes) size <<= 1;
+    void* base = std::aligned_alloc(4096, size);
+    TORCH_CHECK(base != nullptr, "simdev: out of pinned memory allocating ", nbytes, " bytes");
+    add_pinned_block(base, size);
+    return c10::DataPtr(base, base, &free_pinned, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return at::HostStats(); }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
+};
+
+DeviceAllocator device_allocator;
+PinnedAllocator pinned_allocator;
+
+}  // namespace
+
+void record_block_use(const c10::DataPtr& data, const c10::Stream& stream) {
+  if (data.get_deleter() != &free_device_block) return;  // not ours (a view's borrowed pointer)
+  auto* block = static_cast<DeviceBlock*>(data.get_context());
+  std::lock_guard<std::mutex> lock(block->mutex);
+  for (const auto& user : block->streams) {
+    if (user == stream) return;
+  }
+  block->streams.push_back(stream);
+}
+
+c10::Allocator* device_allocator_instance() { return &device_allocator; }
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &device_allocator);
+REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &pinned_allocator)
+
+}  // namespace simdev

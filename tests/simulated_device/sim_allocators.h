@@ -1,0 +1,15 @@
+// The simulated device's memory: a device allocator (addresses host code cannot dereference)
+// whose frees wait for the streams that used a block, and a pinned host allocator that counts
+// its live bytes.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Stream.h>
+
+namespace simdev {
+
+// recordDataPtrOnStream: the block of `data` is freed only after `stream` passes the work
+// queued on it when the block is freed (as CUDA's caching allocator does).
+void record_block_use(const c10::DataPtr& data, const c10::Stream& stream);
+
+}  // namespace simdev

@@ -1,0 +1,188 @@
+#include "sim_runtime.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+
+namespace simdev {
+
+namespace {
+
+std::atomic<bool> delays_on{[] {
+  const char* value = std::getenv("INSTANTTENSOR_SIMDEV_DELAY");
+  return value != nullptr && std::string(value) == "1";
+}()};
+
+std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>, kDeviceCount>& streams() {
+  // Never destroyed: worker threads may still run at exit, and destructors of other statics
+  // (storages freed at exit) enqueue on them.
+  static auto* all = [] {
+    auto* table = new std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>,
+                                 kDeviceCount>();
+    for (int d = 0; d < kDeviceCount; ++d) {
+      for (int s = 0; s < kStreamsPerDevice; ++s) {
+        (*table)[d][s] = std::make_unique<Stream>(static_cast<c10::DeviceIndex>(d), s);
+      }
+    }
+    return table;
+  }();
+  return *all;
+}
+
+thread_local c10::DeviceIndex thread_device = 0;
+thread_local std::array<c10::StreamId, kDeviceCount> thread_streams{};
+std::atomic<uint32_t> next_pool_stream{0};
+
+std::mutex accounting_mutex;
+std::array<uint64_t, kDeviceCount> device_bytes{};
+std::map<uintptr_t, uint64_t> pinned_blocks;  // base -> size
+uint64_t pinned_total = 0;
+
+void check_device(c10::DeviceIndex device) {
+  TORCH_CHECK(device >= 0 && device < kDeviceCount, "simdev: no device ", int(device));
+}
+
+}  // namespace
+
+Stream::Stream(c10::DeviceIndex device, c10::StreamId id)
+    : device_(device), id_(id), worker_([this] { run(); }) {}
+
+Stream::~Stream() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  worker_.join();
+}
+
+uint64_t Stream::enqueue(std::function<void()> op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t sequence = ++enqueued_;
+  queue_.emplace_back(sequence, std::move(op));
+  changed_.notify_all();
+  return sequence;
+}
+
+void Stream::wait_for(uint64_t sequence) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return completed_ >= sequence; });
+}
+
+bool Stream::passed(uint64_t sequence) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ >= sequence;
+}
+
+uint64_t Stream::enqueued() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return enqueued_;
+}
+
+c10::Stream Stream::handle() const {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device_), id_);
+}
+
+void Stream::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    auto [sequence, op] = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    maybe_delay();
+    op();
+    lock.lock();
+    completed_ = sequence;
+    changed_.notify_all();
+  }
+}
+
+Stream& stream(c10::DeviceIndex device, c10::StreamId id) {
+  check_device(device);
+  TORCH_CHECK(id >= 0 && id < kStreamsPerDevice, "simdev: no stream ", id);
+  return *streams()[device][id];
+}
+
+Stream& stream_of(const c10::Stream& s) { return stream(s.device_index(), s.id()); }
+
+c10::DeviceIndex current_device() { return thread_device; }
+
+void set_current_device(c10::DeviceIndex device) {
+  check_device(device);
+  thread_device = device;
+}
+
+c10::Stream current_stream(c10::DeviceIndex device) {
+  check_device(device);
+  return stream(device, thread_streams[device]).handle();
+}
+
+c10::Stream exchange_current_stream(const c10::Stream& s) {
+  c10::Stream previous = current_stream(s.device_index());
+  thread_streams[s.device_index()] = s.id();
+  return previous;
+}
+
+c10::Stream pool_stream(c10::DeviceIndex device) {
+  uint32_t n = next_pool_stream.fetch_add(1);
+  return stream(device, static_cast<c10::StreamId>(1 + n % (kStreamsPerDevice - 1))).handle();
+}
+
+void maybe_delay() {
+  if (!delays_on.load()) return;
+  thread_local std::mt19937 random(std::random_device{}());
+  std::uniform_int_distribution<int> micros(0, 2000);
+  std::this_thread::sleep_for(std::chrono::microseconds(micros(random)));
+}
+
+void set_delays(bool on) { delays_on.store(on); }
+bool delays() { return delays_on.load(); }
+
+uint64_t device_bytes_in_use(c10::DeviceIndex device) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  return device_bytes[device];
+}
+
+void add_device_bytes(c10::DeviceIndex device, int64_t delta) {
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  device_bytes[device] = static_cast<uint64_t>(static_cast<int64_t>(device_bytes[device]) + delta);
+}
+
+uint64_t pinned_bytes_in_use() {
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  return pinned_total;
+}
+
+bool is_pinned(const void* host) {
+  auto address = reinterpret_cast<uintptr_t>(host);
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  auto after = pinned_blocks.upper_bound(address);
+  if (after == pinned_blocks.begin()) return false;
+  auto block = std::prev(after);
+  return address < block->first + block->second;
+}
+
+void add_pinned_block(void* base, uint64_t size) {
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  pinned_blocks[reinterpret_cast<uintptr_t>(base)] = size;
+  pinned_total += size;
+}
+
+void remove_pinned_block(void* base) {
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  auto found = pinned_blocks.find(reinterpret_cast<uintptr_t>(base));
+  if (found == pinned_blocks.end()) return;
+  pinned_total -= found->second;
+  pinned_blocks.erase(found);
+}
+
+}  // namespace simdev

@@ -1,0 +1,90 @@
+// The simulated accelerator's runtime: devices, their memory, streams run by worker threads,
+// events, and the delay knob. Test-only (never linked into libinstanttensor.so).
+//
+// Device memory is handed out at addresses with the top bit flipped: host code that reads or
+// writes device memory directly faults at once instead of passing by luck. Only the queued
+// operations below touch it, through real().
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace simdev {
+
+constexpr int kDeviceCount = 2;
+constexpr int kStreamsPerDevice = 8;  // id 0: the default stream; 1..7: the pool
+constexpr uint64_t kDeviceCapacity = 8ull << 30;  // what mem_get_info reports as total
+
+// The host address behind a device address (and back: the mapping is its own inverse).
+inline void* real(const void* device_address) {
+  return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(device_address) ^ (1ull << 63));
+}
+
+// One stream: operations run in order on a worker thread of its own, each after a random
+// 0-2 ms sleep when delays are on. Sequence numbers count operations enqueued and completed.
+class Stream {
+ public:
+  Stream(c10::DeviceIndex device, c10::StreamId id);
+  ~Stream();
+  // Queues `op`; returns its sequence number. Any thread.
+  uint64_t enqueue(std::function<void()> op);
+  // Blocks until operation `sequence` (and all before it) has run.
+  void wait_for(uint64_t sequence);
+  bool passed(uint64_t sequence);
+  uint64_t enqueued();
+  void synchronize() { wait_for(enqueued()); }
+  c10::Stream handle() const;
+
+ private:
+  void run();
+  c10::DeviceIndex device_;
+  c10::StreamId id_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::pair<uint64_t, std::function<void()>>> queue_;
+  uint64_t enqueued_ = 0;
+  uint64_t completed_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+// A recorded position on a stream (what c10::Event's opaque pointer points at).
+struct Event {
+  Stream* stream = nullptr;
+  uint64_t sequence = 0;
+};
+
+Stream& stream_of(const c10::Stream& stream);
+Stream& stream(c10::DeviceIndex device, c10::StreamId id);
+// The calling thread's current device and its current stream on each device.
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex device);
+c10::Stream current_stream(c10::DeviceIndex device);
+c10::Stream exchange_current_stream(const c10::Stream& stream);
+// Round-robin over the pool streams (1..kStreamsPerDevice-1).
+c10::Stream pool_stream(c10::DeviceIndex device);
+
+// Sleeps a random 0-2 ms when delays are on (INSTANTTENSOR_SIMDEV_DELAY=1 or set_delays).
+void maybe_delay();
+void set_delays(bool on);
+bool delays();
+
+// Device memory accounting (bytes live per device) and host pinned memory (bytes live, and
+// whether a host pointer lies in a pinned block).
+uint64_t device_bytes_in_use(c10::DeviceIndex device);
+void add_device_bytes(c10::DeviceIndex device, int64_t delta);
+uint64_t pinned_bytes_in_use();
+bool is_pinned(const void* host);
+void add_pinned_block(void* base, uint64_t size);
+void remove_pinned_block(void* base);
+
+}  // namespace simdev
