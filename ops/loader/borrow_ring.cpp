@@ -101,17 +101,28 @@ void BorrowRing::materialize(c10::StorageImpl& storage) const {
         .copy_(byte_view(static_cast<uint8_t*>(storage.mutable_data()), nbytes, device),
                /*non_blocking=*/true);
   }
-  CopyFence::after(streams_.loader()).block(streams_.consumer());
+  CopyFence::after(streams_.loader()).block(streams_.consumer(), "materialize");
   storage.set_data_ptr_noswap(std::move(fresh));
 }
 
 uint64_t BorrowRing::release_oldest() {
   Region& oldest = regions_.front();
-  oldest.readers_done.wait();  // a device copy may still be reading these bytes
+  oldest.readers_done.wait("staging_reuse");  // a device copy may still be reading these bytes
   // Reclaimed before the consumer moved past it (forced, or an abandoned pass): everything the
   // consumer has queued so far is the release point.
   if (!oldest.release_marked) mark_released(oldest);
-  oldest.released.block(streams_.loader());
+  oldest.released.block(streams_.loader(), "release");
+  if (memory_ == Memory::Device) {
+    // A tensor still held may have been read on the consumer's stream after the release point
+    // (work queued on a kept tensor after the step that passed it): its copy-out and the reuse
+    // wait for everything the consumer has queued by now. Found by the simulated device.
+    for (auto& storage : oldest.storages) {
+      if (held_by_consumer(storage)) {
+        CopyFence::after(streams_.consumer()).block(streams_.loader(), "retained_reads");
+        break;
+      }
+    }
+  }
   uint64_t copied = 0;
   for (auto& storage : oldest.storages) {
     // Give a tensor still held memory of its own before the ring reuses this.
@@ -165,7 +176,7 @@ uint64_t BorrowRing::release_all() {
   if (memory_ == Memory::Host && block_.get() != nullptr) hand_over_retained();
   if (memory_ == Memory::Device && !regions_.empty()) {
     // Closing: the consumer has queued all its work on the ring's tensors by now.
-    CopyFence::after(streams_.consumer()).block(streams_.loader());
+    CopyFence::after(streams_.consumer()).block(streams_.loader(), "close");
   }
   while (!regions_.empty()) copied += release_oldest();
   if (block_.get() != nullptr && memory_ == Memory::Device) {
