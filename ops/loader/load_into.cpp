@@ -143,7 +143,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   const uint64_t slice = staging_slice_bytes(chunk_size, staging_bytes, block);
   c10::DeviceGuard guard(device);
   // Work already queued on the consumer's stream may still read the old values.
-  CopyFence::after(stage.streams().consumer()).block(stage.streams().loader());
+  CopyFence::after(stage.streams().consumer()).block(stage.streams().loader(), "load_into_start");
 
   struct Pending {
     uint64_t tag;
@@ -204,7 +204,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   }
   while (!pending.empty()) land_oldest();
   if (failed) throw *failed;
-  last.block(stage.streams().consumer());
+  last.block(stage.streams().consumer(), "load_into_done");
   while (!staging.regions().empty()) staging.release_oldest();  // every copy has finished
 }
 

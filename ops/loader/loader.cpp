@@ -700,7 +700,7 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
     exchange_->wait_gathers();  // the consumer's stream (or the host) waits for the bytes
     stats_.exchange_seconds += seconds_since(start);
   } else if (on_device) {
-    group.landed_fence.block(stage_->streams().consumer());
+    group.landed_fence.block(stage_->streams().consumer(), "landed");
   }
   at::Tensor tensor;
   if (owned) {

@@ -20,13 +20,20 @@ class CopyFence {
   // Records a fence after the work queued so far on `stream`.
   static CopyFence after(const c10::Stream& stream);
   // Host waits (only where memory is about to be reused under a copy that may be in flight).
-  void wait() const;
+  // `site` names the fence for the test-only switch below.
+  void wait(const char* site) const;
   // `stream` waits on the device, without blocking the host.
-  void block(const c10::Stream& stream) const;
+  void block(const c10::Stream& stream, const char* site) const;
 
  private:
   std::shared_ptr<c10::Event> event_;
 };
+
+// Test-only: INSTANTTENSOR_TESTING_DROP_FENCE=<site> (read at load) makes the fence of that site a
+// no-op, so the device tests can show they catch its absence (scripts/check_fences.sh). Sites:
+// staging_reuse, release, retained_reads, landed, load_into_start, load_into_done, materialize,
+// close. Unset: every fence holds.
+bool fence_dropped(const char* site);
 
 // The loader's own stream on the target device (from the device's pool) and the consumer's
 // current stream. On the CPU both are the default stream and every fence is complete at once.

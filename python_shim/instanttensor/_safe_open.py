@@ -48,8 +48,19 @@ def _boxed_group(process_group: Any) -> Any:
     return process_group.boxed()
 
 
-def _device_budget(device: torch.device, max_free_mem_usage: float | None) -> int:
-    """Bytes of device memory the loader may use: a share of what is free now."""
+def _device_module(device: torch.device) -> Any:
+    """torch's module for an accelerator type (torch.cuda, torch.xpu, a PrivateUse1 backend's
+    registered module), or None when torch has none for it."""
+    try:
+        return torch.get_device_module(device.type)
+    except (RuntimeError, AttributeError, ValueError):
+        return None
+
+
+def _device_budget(device: torch.device, max_free_mem_usage: float | None,
+                   module: Any) -> int | None:
+    """Bytes of device memory the loader may use: a share of what is free now, from the
+    device module's mem_get_info (None when the device cannot say)."""
     if max_free_mem_usage is None:
         text = os.environ.get("INSTANTTENSOR_MAX_FREE_MEM_USAGE")
         try:
@@ -57,7 +68,10 @@ def _device_budget(device: torch.device, max_free_mem_usage: float | None) -> in
         except ValueError:
             raise ValueError(f"INSTANTTENSOR_MAX_FREE_MEM_USAGE={text!r} is not valid; "
                              "accepted: a number in (0, 1]") from None
-    free, _ = torch.cuda.mem_get_info(device.index)
+    mem_get_info = getattr(module, "mem_get_info", None)
+    if mem_get_info is None:
+        return None
+    free, _ = mem_get_info(device.index)
     return max(1, int(free * float(max_free_mem_usage)))
 
 
@@ -172,12 +186,14 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         self._device = to_device(device)
         self._files = _paths(filename)  # a new list: the caller's is never sorted in place
         device_budget = None
-        if self._device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(f"device={device!r}: CUDA is not available in this torch")
+        module = None if self._device.type in ("cpu", "meta") else _device_module(self._device)
+        if module is not None:  # an accelerator: CUDA, or any torch drives through its module
+            if not module.is_available():
+                kind = "CUDA" if self._device.type == "cuda" else self._device.type
+                raise ValueError(f"device={device!r}: {kind} is not available in this torch")
             if self._device.index is None:  # "cuda": the current device, resolved now
-                self._device = torch.device("cuda", torch.cuda.current_device())
-            device_budget = _device_budget(self._device, max_free_mem_usage)
+                self._device = torch.device(self._device.type, module.current_device())
+            device_budget = _device_budget(self._device, max_free_mem_usage, module)
         self.copy: bool = bool(copy)
         self.load_now = load_now
         # Everything the engine needs but the selection, which reads the headers when opening.

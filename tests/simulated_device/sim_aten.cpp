@@ -22,6 +22,16 @@ namespace {
 
 constexpr auto kType = c10::DeviceType::PrivateUse1;
 
+// Makes `device` current for the allocator while alive (the allocator serves the current
+// device), then restores the caller's.
+struct OnDevice {
+  explicit OnDevice(std::optional<at::Device> device) : previous(current_device()) {
+    if (device && device->has_index()) set_current_device(device->index());
+  }
+  ~OnDevice() { set_current_device(previous); }
+  c10::DeviceIndex previous;
+};
+
 c10::DeviceIndex index_of(const at::Tensor& t) {
   return t.device().has_index() ? t.device().index() : current_device();
 }
@@ -29,23 +39,19 @@ c10::DeviceIndex index_of(const at::Tensor& t) {
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout>, std::optional<at::Device> device,
                                std::optional<bool>, std::optional<at::MemoryFormat> format) {
-  c10::DeviceIndex index = device && device->has_index() ? device->index() : current_device();
-  set_current_device(index);
+  OnDevice on(device);
   return at::detail::empty_generic(size, device_allocator_instance(),
                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   dtype.value_or(at::get_default_dtype_as_scalartype()),
-                                   format);
+                                   dtype.value_or(at::get_default_dtype_as_scalartype()), format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
                          std::optional<at::Device> device, std::optional<bool>) {
-  c10::DeviceIndex index = device && device->has_index() ? device->index() : current_device();
-  set_current_device(index);
-  return at::detail::empty_strided_generic(
-      size, stride, device_allocator_instance(),
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      dtype.value_or(at::get_default_dtype_as_scalartype()));
+  OnDevice on(device);
+  return at::detail::empty_strided_generic(size, stride, device_allocator_instance(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           dtype.value_or(at::get_default_dtype_as_scalartype()));
 }
 
 bool plain(const at::Tensor& a, const at::Tensor& b) {
@@ -90,7 +96,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     return dst.copy_(to_host(src).to(dst.scalar_type()).contiguous().to(dst.device()));
   }
   if (dst_device) {  // host -> device
-    TORCH_CHECK(dst.is_contiguous(), "simdev: copies into strided device tensors are not simulated");
+    TORCH_CHECK(dst.is_contiguous(),
+                "simdev: copies into strided device tensors are not simulated");
     at::Tensor host = plain(src, dst) ? src : src.to(dst.scalar_type()).expand_as(dst).contiguous();
     bool async = non_blocking && is_pinned(host.data_ptr());
     queued_copy(stream_of(current_stream(index_of(dst))), real(dst.data_ptr()), host.data_ptr(),
@@ -118,7 +125,7 @@ const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
   int64_t elements = c10::multiply_integers(size);
   uint64_t needed = (self.storage_offset() + elements) * self.element_size();
   if (needed > self.storage().nbytes()) {
-    set_current_device(index_of(self));
+    OnDevice on(self.device());
     c10::DataPtr fresh = device_allocator_instance()->allocate(needed);
     uint64_t old = self.storage().nbytes();
     if (old > 0) {

@@ -34,7 +34,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return pool_stream(device.index() < 0 ? current_device() : device.index());
   }
   c10::Stream getNewStream(c10::Device device, int = 0) const override {
-    return pool_stream(device.index() < 0 ? current_device() : device.index());
+    return new_stream(device.index() < 0 ? current_device() : device.index());
   }
   c10::Stream exchangeStream(c10::Stream s) const override { return exchange_current_stream(s); }
   c10::DeviceIndex deviceCount() const noexcept override { return kDeviceCount; }

@@ -23,8 +23,8 @@ std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>, kDeviceCount>
   // Never destroyed: worker threads may still run at exit, and destructors of other statics
   // (storages freed at exit) enqueue on them.
   static auto* all = [] {
-    auto* table = new std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>,
-                                 kDeviceCount>();
+    auto* table =
+        new std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>, kDeviceCount>();
     for (int d = 0; d < kDeviceCount; ++d) {
       for (int s = 0; s < kStreamsPerDevice; ++s) {
         (*table)[d][s] = std::make_unique<Stream>(static_cast<c10::DeviceIndex>(d), s);
@@ -38,6 +38,7 @@ std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>, kDeviceCount>
 thread_local c10::DeviceIndex thread_device = 0;
 thread_local std::array<c10::StreamId, kDeviceCount> thread_streams{};
 std::atomic<uint32_t> next_pool_stream{0};
+std::atomic<uint32_t> next_new_stream{0};
 
 std::mutex accounting_mutex;
 std::array<uint64_t, kDeviceCount> device_bytes{};
@@ -133,7 +134,13 @@ c10::Stream exchange_current_stream(const c10::Stream& s) {
 
 c10::Stream pool_stream(c10::DeviceIndex device) {
   uint32_t n = next_pool_stream.fetch_add(1);
-  return stream(device, static_cast<c10::StreamId>(1 + n % (kStreamsPerDevice - 1))).handle();
+  return stream(device, static_cast<c10::StreamId>(1 + n % kPoolStreams)).handle();
+}
+
+c10::Stream new_stream(c10::DeviceIndex device) {
+  uint32_t n = next_new_stream.fetch_add(1);
+  constexpr int kNewStreams = kStreamsPerDevice - 1 - kPoolStreams;
+  return stream(device, static_cast<c10::StreamId>(1 + kPoolStreams + n % kNewStreams)).handle();
 }
 
 void maybe_delay() {

@@ -21,7 +21,11 @@
 namespace simdev {
 
 constexpr int kDeviceCount = 2;
-constexpr int kStreamsPerDevice = 8;  // id 0: the default stream; 1..7: the pool
+// Stream ids per device: 0 the default stream; 1..kPoolStreams the pool (what the loader takes,
+// getStreamFromGlobalPool); the rest for getNewStream (a test's torch.Stream), so a consumer's
+// stream never is the loader's by chance and ordering between them must come from events.
+constexpr int kStreamsPerDevice = 8;
+constexpr int kPoolStreams = 3;
 constexpr uint64_t kDeviceCapacity = 8ull << 30;  // what mem_get_info reports as total
 
 // The host address behind a device address (and back: the mapping is its own inverse).
@@ -70,8 +74,9 @@ c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex device);
 c10::Stream current_stream(c10::DeviceIndex device);
 c10::Stream exchange_current_stream(const c10::Stream& stream);
-// Round-robin over the pool streams (1..kStreamsPerDevice-1).
+// Round-robin over the pool streams, and over the streams for getNewStream.
 c10::Stream pool_stream(c10::DeviceIndex device);
+c10::Stream new_stream(c10::DeviceIndex device);
 
 // Sleeps a random 0-2 ms when delays are on (INSTANTTENSOR_SIMDEV_DELAY=1 or set_delays).
 void maybe_delay();

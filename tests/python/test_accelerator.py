@@ -1,0 +1,252 @@
+"""The device path on an accelerator: CUDA where a GPU is present, else the simulated device
+(tests/simulated_device, torch's PrivateUse1 backend as "simdev"), whose copies run later on
+stream worker threads after random 0-2 ms delays (INSTANTTENSOR_SIMDEV_DELAY=1 in CI), so a
+fence in the wrong place shows as wrong bytes. scripts/check_fences.sh drops each fence in turn
+and expects this file to fail."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from safetensors.torch import save_file as reference_save
+
+import instanttensor
+import simulated_device
+from conftest import same_bytes
+from test_distributed import fault_library  # reads the build folder at import, before fixtures
+
+KIND = simulated_device.accelerator()
+pytestmark = pytest.mark.skipif(KIND is None, reason="no GPU, and the simulated device was not "
+                                "built (INSTANTTENSOR_CMAKE_BUILD_DIR)")
+
+
+class Device:
+    """What the tests need of an accelerator, on CUDA and on the simulated device alike."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.module = getattr(torch, kind)
+
+    def current(self) -> torch.device:
+        return torch.device(self.kind, self.module.current_device())
+
+    def stream(self, index: int | None = None) -> torch.Stream:
+        return torch.Stream(device=self.current() if index is None else
+                            torch.device(self.kind, index))
+
+    def slow(self, micros: int = 20_000) -> None:
+        """A slow kernel queued on the current stream."""
+        if self.kind == "cuda":
+            torch.cuda._sleep(int(micros * 1000))
+        else:
+            torch.ops.simdev.sleep(self.module.current_device(), micros)
+
+    def synchronize(self) -> None:
+        for index in range(self.module.device_count()):
+            self.module.synchronize(index)
+
+    def allocated(self, index: int = 0) -> int:
+        gc.collect()  # tensors of earlier tests still in reference cycles
+        self.synchronize()
+        if self.kind == "cuda":
+            return torch.cuda.memory_allocated(index)
+        return simulated_device.device_bytes(index)
+
+    def pinned(self) -> int:
+        if self.kind == "cuda":
+            return torch.cuda.host_memory_stats()["allocated_bytes.current"]
+        return simulated_device.pinned_bytes()
+
+
+@pytest.fixture
+def accel():
+    return Device(KIND)
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    torch.manual_seed(17)
+    tensors = {f"layers.{i}.weight": torch.randn(64 + i, 96) for i in range(16)}
+    tensors["embed"] = torch.randn(300, 64).to(torch.bfloat16)
+    tensors["tiny"] = torch.tensor([1, 2, 3], dtype=torch.int8)
+    tensors["empty"] = torch.empty(0, 4)
+    tensors["scalar"] = torch.tensor(5, dtype=torch.int64)
+    names = sorted(tensors)
+    paths = [str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")]
+    reference_save({n: tensors[n] for n in names[::2]}, paths[0])
+    reference_save({n: tensors[n] for n in names[1::2]}, paths[1])
+    return paths, tensors
+
+
+def on_host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu")
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_every_tensor_arrives_through_a_wrapping_staging_ring_with_slow_copies(accel, checkpoint,
+                                                                               copy):
+    paths, tensors = checkpoint
+    staging = 32 << 10  # the smallest ring: every large tensor streams through it in slices
+    assert sum(t.nbytes for t in tensors.values()) > 8 * staging
+    options = {} if copy else {"buffer_size": 128 << 10}
+    with instanttensor.safe_open(paths, device=accel.kind, copy=copy, staging_size=staging,
+                                 **options) as f:
+        for name, tensor in f.tensors():
+            assert tensor.device == accel.current(), name
+            assert same_bytes(on_host(tensor), tensors[name]), name
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_an_unindexed_device_is_the_current_one_and_an_index_is_kept(accel, checkpoint, index):
+    if accel.module.device_count() <= index:
+        pytest.skip("one device only")
+    paths, tensors = checkpoint
+    previous = accel.module.current_device()
+    accel.module.set_device(index)
+    try:
+        with instanttensor.safe_open(paths, device=accel.kind, keys=["embed"]) as f:
+            assert f.get_tensor("embed").device == torch.device(accel.kind, index)
+    finally:
+        accel.module.set_device(previous)
+    other = 1 - index if accel.module.device_count() > 1 else index
+    with instanttensor.safe_open(paths, device=f"{accel.kind}:{other}") as f:
+        for name, tensor in f.tensors():
+            assert tensor.device == torch.device(accel.kind, other)
+            assert same_bytes(on_host(tensor), tensors[name]), name
+
+
+def test_a_consumer_still_reading_a_borrowed_region_on_a_side_stream(accel, checkpoint):
+    """The consumer queues slow work on its own stream that reads each borrowed tensor; the
+    loader advances at once. A region may only be reused after the consumer's stream passed it:
+    every copy the consumer made must hold the tensor's bytes."""
+    paths, tensors = checkpoint
+    side = accel.stream()
+    copies = {}
+    with side:
+        with instanttensor.safe_open(paths, device=accel.kind, copy=False,
+                                     buffer_size=64 << 10, staging_size=32 << 10) as f:
+            for name, tensor in f.tensors():
+                accel.slow(2_000)
+                copies[name] = torch.empty_like(tensor)
+                copies[name].copy_(tensor)  # queued after the slow kernel, reads the region
+            del tensor
+    side.synchronize()
+    for name, value in copies.items():
+        assert same_bytes(on_host(value), tensors[name]), name
+
+
+def test_borrowed_tensors_kept_past_their_step_and_at_close_never_change(accel, checkpoint):
+    paths, tensors = checkpoint
+    snapshots = []
+    with instanttensor.safe_open(paths, device=accel.kind, copy=False, buffer_size=64 << 10,
+                                 staging_size=32 << 10) as f:
+        kept = []
+        for item in f.tensors():  # the ring wraps under every kept tensor
+            kept.append(item)
+            # Read every kept tensor at once on the consumer's stream: one just copied out of
+            # the ring (inside that step) must be read after its copy, not before.
+            snapshots.extend((name, torch.empty_like(t).copy_(t)) for name, t in kept)
+        assert f.stats()["materializations"] > 0
+        del item
+    # Closed: the last tensors were still held; they were copied out, not freed.
+    gc.collect()
+    for name, tensor in kept + snapshots:
+        assert same_bytes(on_host(tensor), tensors[name]), name
+
+
+def test_device_and_pinned_memory_return_after_close(accel, checkpoint):
+    paths, _ = checkpoint
+    before = accel.allocated(0)
+    for copy in (True, False):
+        with instanttensor.safe_open(paths, device=f"{accel.kind}:0", copy=copy,
+                                     staging_size=32 << 10) as f:
+            for name, tensor in f.tensors():
+                pass
+        del tensor
+    gc.collect()
+    assert accel.allocated(0) == before
+    assert accel.pinned() == 0
+
+
+def test_a_read_failure_while_copies_are_in_flight_frees_nothing_early(accel, checkpoint):
+    torch.ops.load_library(fault_library())
+    paths, tensors = checkpoint
+    before = accel.allocated(0)
+
+    def load_until_the_failure(copy):
+        received = {}
+        with pytest.raises(OSError, match="Input/output error"):
+            with instanttensor.safe_open(paths, device=f"{accel.kind}:0", copy=copy,
+                                         staging_size=32 << 10, chunk_size=4096,
+                                         concurrency=2) as f:
+                torch.ops.instanttensor_testing.arm_read_fault(6, 5)  # EIO on the 7th read
+                for name, tensor in f.tensors():
+                    received[name] = tensor.clone()
+                    del tensor  # the traceback of the failure would keep it
+        return received
+
+    for copy in (True, False):
+        received = load_until_the_failure(copy)
+        torch.ops.instanttensor_testing.arm_read_fault(-1, 0)
+        assert received, "the failure came before any tensor"
+        assert all(same_bytes(on_host(received[n]), tensors[n]) for n in received), \
+            "what arrived before the failure is wrong"
+        del received
+    gc.collect()
+    assert accel.pinned() == 0
+    assert accel.allocated(0) == before
+
+
+def test_load_into_device_parameters_with_slow_copies(accel, checkpoint):
+    paths, tensors = checkpoint
+    device = accel.current()
+    destinations = {n: torch.zeros(t.shape, dtype=t.dtype, device=device)
+                    for n, t in tensors.items()}
+    pointers = {n: t.data_ptr() for n, t in destinations.items()}
+    accel.synchronize()  # the zeros were queued on the default stream, not the consumer's
+    side = accel.stream()
+    with side:
+        # Queued on the consumer's stream before the load, behind a slow kernel: must read the
+        # old (zero) values, however long the kernel takes.
+        accel.slow(300_000)
+        old = {n: torch.empty_like(t).copy_(t) for n, t in destinations.items()}
+        instanttensor.load_into(destinations, paths, staging_size=32 << 10)
+        # After load_into, on the same stream: the new values.
+        new = {n: torch.empty_like(t).copy_(t) for n, t in destinations.items()}
+    side.synchronize()
+    for name in tensors:
+        assert same_bytes(on_host(old[name]), torch.zeros_like(tensors[name])), name
+        assert same_bytes(on_host(new[name]), tensors[name]), name
+    for name, tensor in destinations.items():
+        assert tensor.data_ptr() == pointers[name], name
+        assert same_bytes(on_host(tensor), tensors[name]), name
+    assert accel.pinned() == 0
+
+
+def test_the_budget_comes_from_the_devices_free_memory(accel, checkpoint):
+    paths, tensors = checkpoint
+    with pytest.raises(ValueError, match="budget"):
+        instanttensor.safe_open(paths, device=accel.kind, max_free_mem_usage=1e-12)
+    with instanttensor.safe_open(paths, device=accel.kind, max_free_mem_usage=1e-12,
+                                 host_fallback=True) as f:
+        for name, tensor in f.tensors():
+            assert same_bytes(on_host(tensor), tensors[name]), name
+
+
+def test_the_vllm_iterator_borrowed_onto_the_device(accel, checkpoint, monkeypatch):
+    from instanttensor.integrations.vllm import BORROWED_MARKER
+
+    paths, tensors = checkpoint
+    monkeypatch.setenv("INSTANTTENSOR_COPY", "0")
+    monkeypatch.setenv("INSTANTTENSOR_BUFFER_SIZE", "64K")
+    params = {n: torch.empty(t.shape, dtype=t.dtype, device=accel.current())
+              for n, t in tensors.items()}
+    with instanttensor.safe_open(paths, device=accel.kind, copy=False) as f:
+        for name, tensor in f.tensors():
+            setattr(tensor, BORROWED_MARKER, True)
+            params[name].copy_(tensor)  # a weight loader consumes it on the current stream
+        del tensor
+    for name, param in params.items():
+        assert same_bytes(on_host(param), tensors[name]), name

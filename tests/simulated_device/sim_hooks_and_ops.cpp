@@ -1,0 +1,68 @@
+// The simulated device's PrivateUse1 hooks (pinned memory, availability) and the operators the
+// Python tests use to drive and inspect it: torch.ops.simdev.*.
+#include <ATen/core/CachingHostAllocator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <thread>
+#include <tuple>
+
+#include "sim_runtime.h"
+
+namespace simdev {
+namespace {
+
+struct Hooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return kDeviceCount; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    return at::getHostAllocator(at::kPrivateUse1);
+  }
+  at::Device getDeviceFromPtr(void*) const override {
+    return at::Device(c10::DeviceType::PrivateUse1, current_device());
+  }
+};
+
+const bool hooks_registered = [] {
+  at::RegisterPrivateUse1HooksInterface(new Hooks());
+  return true;
+}();
+
+std::tuple<int64_t, int64_t> mem_get_info(int64_t device) {
+  auto used = device_bytes_in_use(static_cast<c10::DeviceIndex>(device));
+  return {static_cast<int64_t>(kDeviceCapacity - std::min(used, kDeviceCapacity)),
+          static_cast<int64_t>(kDeviceCapacity)};
+}
+
+void synchronize(int64_t device) {
+  for (int id = 0; id < kStreamsPerDevice; ++id) {
+    stream(static_cast<c10::DeviceIndex>(device), id).synchronize();
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(simdev, m) {
+  m.def("set_delays(bool on) -> ()", [](bool on) { set_delays(on); });
+  m.def("delays() -> bool", [] { return delays(); });
+  m.def("pinned_bytes() -> int", [] { return static_cast<int64_t>(pinned_bytes_in_use()); });
+  m.def("device_bytes(int device) -> int", [](int64_t device) {
+    return static_cast<int64_t>(device_bytes_in_use(static_cast<c10::DeviceIndex>(device)));
+  });
+  m.def("mem_get_info(int device) -> (int, int)", &mem_get_info);
+  m.def("synchronize(int device) -> ()", &synchronize);
+  // A slow kernel on the device's current stream (torch.cuda._sleep's counterpart).
+  m.def("sleep(int device, int micros) -> ()", [](int64_t device, int64_t micros) {
+    auto& s = stream_of(current_stream(static_cast<c10::DeviceIndex>(device)));
+    s.enqueue([micros] { std::this_thread::sleep_for(std::chrono::microseconds(micros)); });
+  });
+  m.def("current_device() -> int", [] { return static_cast<int64_t>(current_device()); });
+  m.def("set_device(int device) -> ()",
+        [](int64_t device) { set_current_device(static_cast<c10::DeviceIndex>(device)); });
+}
+
+}  // namespace simdev
