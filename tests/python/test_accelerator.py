@@ -156,6 +156,40 @@ def test_borrowed_tensors_kept_past_their_step_and_at_close_never_change(accel, 
         assert same_bytes(on_host(tensor), tensors[name]), name
 
 
+@pytest.mark.skipif(KIND != "simdev", reason="stalls the loader's streams: simulated device only")
+def test_a_kept_tensor_copied_out_of_the_ring_is_read_after_its_copy(accel, checkpoint):
+    """The copy-out of a kept borrowed tensor runs on the loader's stream, here stalled; a read
+    the consumer queues right after it (on its idle stream) must wait for that copy. During the
+    pass the copy of the step's own group often orders it too; at close nothing else does."""
+    paths, tensors = checkpoint
+    device = accel.module.current_device()
+    reads = []
+    with instanttensor.safe_open(paths, device=accel.kind, copy=False, buffer_size=64 << 10,
+                                 staging_size=32 << 10) as f:
+        kept, copied_out = [], 0
+        iteration = f.tensors()
+        while True:
+            accel.synchronize()
+            torch.ops.simdev.stall_pool_streams(device, 30_000)
+            item = next(iteration, None)
+            if item is None:
+                break
+            kept.append(item)
+            if f.stats()["materializations"] > copied_out:  # copied out inside this step
+                copied_out = f.stats()["materializations"]
+                reads.extend((n, torch.empty_like(t).copy_(t)) for n, t in kept)
+        assert copied_out > 0
+        del item
+        accel.synchronize()
+        torch.ops.simdev.stall_pool_streams(device, 30_000)
+    # Closed with the loader's stream stalled: the kept tensors still in the ring were copied
+    # out on it; reads queued now on the idle consumer's stream must come after those copies.
+    reads.extend((n, torch.empty_like(t).copy_(t)) for n, t in kept)
+    accel.synchronize()
+    for name, tensor in reads:
+        assert same_bytes(on_host(tensor), tensors[name]), name
+
+
 def test_device_and_pinned_memory_return_after_close(accel, checkpoint):
     paths, _ = checkpoint
     before = accel.allocated(0)

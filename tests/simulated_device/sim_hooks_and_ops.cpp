@@ -60,6 +60,15 @@ TORCH_LIBRARY(simdev, m) {
     auto& s = stream_of(current_stream(static_cast<c10::DeviceIndex>(device)));
     s.enqueue([micros] { std::this_thread::sleep_for(std::chrono::microseconds(micros)); });
   });
+  // Stalls every pool stream (where the loader's stream comes from): what the loader queues
+  // next runs at least `micros` later, while the consumer's streams stay idle.
+  m.def("stall_pool_streams(int device, int micros) -> ()", [](int64_t device, int64_t micros) {
+    for (int id = 1; id <= kPoolStreams; ++id) {
+      stream(static_cast<c10::DeviceIndex>(device), id).enqueue([micros] {
+        std::this_thread::sleep_for(std::chrono::microseconds(micros));
+      });
+    }
+  });
   m.def("current_device() -> int", [] { return static_cast<int64_t>(current_device()); });
   m.def("set_device(int device) -> ()",
         [](int64_t device) { set_current_device(static_cast<c10::DeviceIndex>(device)); });
