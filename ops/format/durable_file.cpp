@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +17,13 @@ namespace {
 
 std::atomic<uint64_t> next_temporary{0};
 
+// "<path>.tmp-instanttensor-<pid>-<n>": unique per call in this process, and the pid tells a
+// later save whether its writer is still alive.
+std::string unique_temporary(const std::string& path) {
+  return temporary_prefix(path) + std::to_string(::getpid()) + "-" +
+         std::to_string(next_temporary.fetch_add(1));
+}
+
 std::string folder_of(const std::string& path) {
   size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -27,9 +33,7 @@ std::string folder_of(const std::string& path) {
 // Removes "<path>.tmp-instanttensor-<pid>[-<n>]" files whose process no longer exists: what a
 // killed save_file left (also the single-pid names of earlier versions).
 void remove_dead_temporaries(const std::string& path, const std::string& folder) {
-  std::string prefix = temporary_prefix(path);
-  std::string name_prefix =
-      prefix.substr(prefix.rfind('/') == std::string::npos ? 0 : prefix.rfind('/') + 1);
+  std::string name_prefix = temporary_prefix(path.substr(path.rfind('/') + 1));
   DIR* dir = ::opendir(folder.c_str());
   if (dir == nullptr) return;  // the create below reports what is wrong with the folder
   while (dirent* entry = ::readdir(dir)) {
@@ -71,8 +75,7 @@ DurableFile::DurableFile(std::string path, bool unnamed)
 #endif
   }
   if (fd_ < 0) {
-    temp_path_ = temporary_prefix(path_) + std::to_string(::getpid()) + "-" +
-                 std::to_string(next_temporary.fetch_add(1));
+    temp_path_ = unique_temporary(path_);
     fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd_ < 0) {
       int saved = errno;
@@ -104,8 +107,7 @@ void DurableFile::commit() {
     // Name the unnamed file: a link to a unique temporary name, renamed over the path (linkat
     // cannot replace an existing file). A crash between the two leaves a complete temporary,
     // which the next save to this path removes.
-    std::string linked = temporary_prefix(path_) + std::to_string(::getpid()) + "-" +
-                         std::to_string(next_temporary.fetch_add(1));
+    std::string linked = unique_temporary(path_);
     std::string self = "/proc/self/fd/" + std::to_string(fd_);
     if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, linked.c_str(), AT_SYMLINK_FOLLOW) != 0 &&
         ::linkat(fd_, "", AT_FDCWD, linked.c_str(), AT_EMPTY_PATH) != 0) {

@@ -39,7 +39,6 @@ class ProcessOwner {
   bool entered_new_process();
   // This process is not the one that opened the loader.
   bool forked() const;
-  pid_t opener() const { return opener_; }
   // Error(Argument) for `what`, which cannot work in a forked child: names the file, both
   // processes, and says to open the checkpoint again in this process.
   Error refusal(const std::string& file, const std::string& what) const;

@@ -194,6 +194,11 @@ void Loader::leave_parent_work_behind() {
   }
 }
 
+namespace {
+constexpr const char* kIterationInChild =
+    "iterating a checkpoint with borrowed buffers, a process group or an accelerator target";
+}  // namespace
+
 void Loader::refuse_in_child(const std::string& what, bool iteration) const {
   if (!process_.forked()) return;
   bool host_target = options_.device.is_cpu() && !staged_;
@@ -324,10 +329,7 @@ void Loader::begin_pass() {
 void Loader::restart() {
   auto lock = mutex_.lock();
   ensure_open();
-  refuse_in_child(
-      "iterating a checkpoint with borrowed buffers, a process group or an "
-      "accelerator target",
-      /*iteration=*/true);
+  refuse_in_child(kIterationInChild, /*iteration=*/true);
   if (exchange_) {
     // Distributed: the pass begins inside the first next(), where a failure (a changed file)
     // travels with the first status round instead of raising on this rank alone.
@@ -733,11 +735,7 @@ at::Tensor Loader::aligned(at::Tensor tensor) {
 std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
   auto lock = mutex_.lock();
   ensure_open();
-  if (pass_error_) throw *pass_error_;  // an iteration that was in progress at a fork, too
-  refuse_in_child(
-      "iterating a checkpoint with borrowed buffers, a process group or an "
-      "accelerator target",
-      /*iteration=*/true);
+  refuse_in_child(kIterationInChild, /*iteration=*/true);
   if (!exchange_) {
     if (!pass_started_) begin_pass();
     if (pass_error_) throw *pass_error_;
@@ -875,9 +873,11 @@ LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
   auto lock = mutex_.lock();
   ensure_open();
   refuse_in_child("load_into on an accelerator target", /*iteration=*/false);
-  for (const auto& destination : destinations) {
-    if (process_.forked() && !destination.device().is_cpu()) {
-      throw process_.refusal(checkpoint_->files()[0].path, "load_into onto a device");
+  if (process_.forked()) {
+    for (const auto& destination : destinations) {
+      if (!destination.device().is_cpu()) {
+        throw process_.refusal(checkpoint_->files()[0].path, "load_into onto a device");
+      }
     }
   }
   auto matched = loader::match_destinations(*checkpoint_, plan_.items, names, destinations, strict);

@@ -44,17 +44,23 @@ uint64_t positive(std::optional<int64_t> explicit_value, const char* option, con
   return static_cast<uint64_t>(value);
 }
 
-// Upstream InstantTensor's backend names (any case), each mapped onto the backend of ours that
-// does the same job; "cufile" is GPUDirect Storage, which this build does not have.
+// Upstream InstantTensor's names that are not ours already, and the backend of ours that does
+// the same job. URING, URING_BUFFERED and MMAP are our names too; BUFFERED (upstream's policy:
+// page-cache reads) is our "buffered". CUFILE (GPUDirect Storage) is not built: see below.
 const std::vector<std::pair<std::string, std::string>>& upstream_backend_names() {
   static const std::vector<std::pair<std::string, std::string>> names = {
       {"aio", "direct"},  // libaio + O_DIRECT upstream: our O_DIRECT pread pool
       {"aio_buffered", "buffered"},
-      {"cufile", "cufile"},
-      // URING, URING_BUFFERED and MMAP are our names already, and BUFFERED (upstream's policy:
-      // page-cache reads) is our own "buffered".
   };
   return names;
+}
+
+std::string accepted_backends() {
+  std::string accepted;
+  for (const auto& name : known_backend_names()) accepted += name + ", ";
+  return "a comma list of " + accepted +
+         "or upstream's AIO, AIO_BUFFERED, URING, URING_BUFFERED, MMAP, CUFILE, BUFFERED (any "
+         "case)";
 }
 
 std::string trimmed_lower(const std::string& text) {
@@ -72,15 +78,6 @@ std::string trimmed_lower(const std::string& text) {
 // dropped (not built); a list with nothing else is an error, as upstream's "no available backend".
 std::vector<std::string> parse_backends(const std::string& text, const std::string& what) {
   const auto& known = known_backend_names();
-  std::string accepted;
-  for (const auto& name : known) accepted += (accepted.empty() ? "" : ", ") + name;
-  for (const auto& [upstream, ours] : upstream_backend_names()) {
-    std::string upper = upstream;
-    std::transform(upper.begin(), upper.end(), upper.begin(),
-                   [](unsigned char c) { return std::toupper(c); });
-    accepted += ", " + upper;
-  }
-  accepted += ", BUFFERED (upstream's names in any case)";
   std::vector<std::string> names;
   bool asked_for_cufile = false;
   size_t start = 0;
@@ -90,17 +87,17 @@ std::vector<std::string> parse_backends(const std::string& text, const std::stri
         text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
     start = comma == std::string::npos ? text.size() + 1 : comma + 1;
     if (name.empty()) continue;
-    std::string mapped;
-    if (std::find(known.begin(), known.end(), name) != known.end()) mapped = name;
-    for (const auto& [upstream, ours] : upstream_backend_names()) {
-      if (name == upstream) mapped = ours;
-    }
-    if (mapped.empty()) bad(what, text, "a comma list of " + accepted);
-    if (mapped == "cufile") {
+    if (name == "cufile") {
       asked_for_cufile = true;
       continue;
     }
-    names.push_back(mapped);
+    for (const auto& [upstream, ours] : upstream_backend_names()) {
+      if (name == upstream) name = ours;
+    }
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      bad(what, text, accepted_backends());
+    }
+    names.push_back(name);
   }
   if (names.empty() && asked_for_cufile) {
     throw Error(ErrorKind::Argument, "", "",
@@ -108,7 +105,7 @@ std::vector<std::string> parse_backends(const std::string& text, const std::stri
                     "' names no usable backend: CUFILE (GPUDirect Storage) is not built into "
                     "this instanttensor; add another candidate, e.g. 'CUFILE,AIO'");
   }
-  if (names.empty()) bad(what, text, "a comma list of " + accepted);
+  if (names.empty()) bad(what, text, accepted_backends());
   return names;
 }
 

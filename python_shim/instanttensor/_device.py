@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Union
+import os
+from typing import Any, Union
 
 import torch
 
@@ -28,3 +29,47 @@ def to_device(device: DeviceLike) -> torch.device:
         except RuntimeError as error:
             raise ValueError(f"device={device!r} is not a device: {error}") from None
     raise ValueError(f"device={device!r} is not an int, a string or a torch.device")
+
+
+def _device_module(device: torch.device) -> Any:
+    """torch's module for an accelerator type (torch.cuda, torch.xpu, a PrivateUse1 backend's
+    registered module), or None where torch has none (the engine then decides alone)."""
+    if device.type in ("cpu", "meta"):
+        return None
+    try:
+        return torch.get_device_module(device.type)
+    except (RuntimeError, AttributeError, ValueError):
+        return None
+
+
+def _free_memory_share(max_free_mem_usage: float | None) -> float:
+    if max_free_mem_usage is not None:
+        return float(max_free_mem_usage)
+    text = os.environ.get("INSTANTTENSOR_MAX_FREE_MEM_USAGE")
+    try:
+        return float(text) if text else 0.5
+    except ValueError:
+        raise ValueError(f"INSTANTTENSOR_MAX_FREE_MEM_USAGE={text!r} is not valid; "
+                         "accepted: a number in (0, 1]") from None
+
+
+def resolve_target(device: torch.device, given: Any,
+                   max_free_mem_usage: float | None) -> tuple[torch.device, int | None]:
+    """The target with a concrete index (an unindexed accelerator is its current device, read
+    now) and the device memory the loader may use: max_free_mem_usage (default 0.5, or
+    INSTANTTENSOR_MAX_FREE_MEM_USAGE) of what the device module's mem_get_info reports free;
+    None for the CPU or a device that cannot say. ValueError naming `given` when the device
+    type is not available in this torch."""
+    module = _device_module(device)
+    if module is None:
+        return device, None
+    if not module.is_available():
+        kind = "CUDA" if device.type == "cuda" else device.type
+        raise ValueError(f"device={given!r}: {kind} is not available in this torch")
+    if device.index is None:
+        device = torch.device(device.type, module.current_device())
+    mem_get_info = getattr(module, "mem_get_info", None)
+    if mem_get_info is None:
+        return device, None
+    free, _ = mem_get_info(device.index)
+    return device, max(1, int(free * _free_memory_share(max_free_mem_usage)))

@@ -8,11 +8,11 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 import torch
 
-from ._device import DeviceLike, to_device
+from ._device import DeviceLike, resolve_target, to_device
 from ._dtypes import format_name, torch_dtype
 from ._backends import backend_argument
 from ._errors import engine_errors, translate_error
-from ._selection import check_selection, selected_keys
+from ._selection import Selection
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -46,33 +46,6 @@ def _boxed_group(process_group: Any) -> Any:
     if dist.get_world_size(process_group) <= 1:
         return None
     return process_group.boxed()
-
-
-def _device_module(device: torch.device) -> Any:
-    """torch's module for an accelerator type (torch.cuda, torch.xpu, a PrivateUse1 backend's
-    registered module), or None when torch has none for it."""
-    try:
-        return torch.get_device_module(device.type)
-    except (RuntimeError, AttributeError, ValueError):
-        return None
-
-
-def _device_budget(device: torch.device, max_free_mem_usage: float | None,
-                   module: Any) -> int | None:
-    """Bytes of device memory the loader may use: a share of what is free now, from the
-    device module's mem_get_info (None when the device cannot say)."""
-    if max_free_mem_usage is None:
-        text = os.environ.get("INSTANTTENSOR_MAX_FREE_MEM_USAGE")
-        try:
-            max_free_mem_usage = float(text) if text else 0.5
-        except ValueError:
-            raise ValueError(f"INSTANTTENSOR_MAX_FREE_MEM_USAGE={text!r} is not valid; "
-                             "accepted: a number in (0, 1]") from None
-    mem_get_info = getattr(module, "mem_get_info", None)
-    if mem_get_info is None:
-        return None
-    free, _ = mem_get_info(device.index)
-    return max(1, int(free * float(max_free_mem_usage)))
 
 
 class LoadIntoResult(NamedTuple):
@@ -182,21 +155,13 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             raise ValueError(f"framework={framework!r} is not supported; use 'pt'")
         if max_free_mem_usage is not None and not (0.0 < float(max_free_mem_usage) <= 1.0):
             raise ValueError(f"max_free_mem_usage={max_free_mem_usage!r} must be in (0, 1]")
-        check_selection(keys, tensor_filter, tensor_name_match_mode)  # before any I/O
-        self._device = to_device(device)
+        self._selection = Selection(keys, tensor_filter, tensor_name_match_mode)  # before I/O
         self._files = _paths(filename)  # a new list: the caller's is never sorted in place
-        device_budget = None
-        module = None if self._device.type in ("cpu", "meta") else _device_module(self._device)
-        if module is not None:  # an accelerator: CUDA, or any torch drives through its module
-            if not module.is_available():
-                kind = "CUDA" if self._device.type == "cuda" else self._device.type
-                raise ValueError(f"device={device!r}: {kind} is not available in this torch")
-            if self._device.index is None:  # "cuda": the current device, resolved now
-                self._device = torch.device(self._device.type, module.current_device())
-            device_budget = _device_budget(self._device, max_free_mem_usage, module)
+        self._device, device_budget = resolve_target(to_device(device), device,
+                                                     max_free_mem_usage)
         self.copy: bool = bool(copy)
         self.load_now = load_now
-        # Everything the engine needs but the selection, which reads the headers when opening.
+        # The engine's arguments but the selection, which may read the headers: at open.
         self._open_arguments = dict(
             copy=bool(copy),
             buffer_size=_optional_int("buffer_size", buffer_size),
@@ -210,32 +175,15 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             host_fallback=bool(host_fallback),
             force_staging=bool(_force_staging),
         )
-        self._selection = (keys, tensor_filter, tensor_name_match_mode)
         if load_now:
             self._open(stacklevel=3)
         # load_now=False (upstream): files are opened and validated at __enter__ or first use.
 
     def _open(self, stacklevel: int = 2) -> None:
-        keys, tensor_filter, match_mode = self._selection
-        arguments = self._open_arguments
-        selection = selected_keys(self._files, keys, tensor_filter, match_mode)
+        keys = self._selection.keys_of(self._files)
         with engine_errors():
-            handle = torch.classes.instanttensor.Loader(
-                self._files,
-                self._device,
-                arguments["copy"],
-                selection,
-                arguments["buffer_size"],
-                arguments["chunk_size"],
-                arguments["concurrency"],
-                arguments["io_depth"],
-                arguments["backend"],
-                arguments["process_group"],
-                arguments["staging_size"],
-                arguments["device_budget"],
-                arguments["host_fallback"],
-                arguments["force_staging"],
-            )
+            handle = torch.classes.instanttensor.Loader(self._files, self._device, keys=keys,
+                                                        **self._open_arguments)
             for message in handle.open_warnings():
                 warnings.warn(message, stacklevel=stacklevel + 1)
         self._handle = handle

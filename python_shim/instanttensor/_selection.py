@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
+
+from ._errors import engine_errors
 
 MATCH_MODES = ("glob", "exact", "regex")
 
@@ -44,31 +46,29 @@ def name_matcher(patterns: Any, mode: Any) -> Callable[[str], bool]:
     return lambda name: name in literal or any(p.fullmatch(name) is not None for p in compiled)
 
 
-def check_selection(keys: Any, tensor_filter: Any, match_mode: Any) -> None:
-    """Raises for a bad selection before any file is opened: both `keys` and `tensor_filter`
-    (ValueError), `keys` given as one string (ValueError), a bad filter or mode (see
-    name_matcher; a bad mode is an error even without a filter)."""
-    if keys is not None and tensor_filter is not None:
-        raise ValueError("pass keys= (exact names, unknown ones are a KeyError) or tensor_filter= "
-                         "(patterns), not both")
-    if isinstance(keys, str):
-        raise ValueError("keys must be a list of tensor names, not a string")
-    name_matcher([] if tensor_filter is None else tensor_filter, match_mode)
+class Selection:
+    """A validated selection, checked before any file is opened: both `keys` and
+    `tensor_filter` is a ValueError, so is `keys` given as one string; a bad filter or mode
+    raises as name_matcher does (a bad mode even without a filter)."""
 
+    def __init__(self, keys: Any, tensor_filter: Any, match_mode: Any) -> None:
+        if keys is not None and tensor_filter is not None:
+            raise ValueError("pass keys= (exact names, unknown ones are a KeyError) or "
+                             "tensor_filter= (patterns), not both")
+        if isinstance(keys, str):
+            raise ValueError("keys must be a list of tensor names, not a string")
+        self._keys = None if keys is None else [str(k) for k in keys]
+        self._matches = name_matcher([] if tensor_filter is None else tensor_filter, match_mode)
+        self._filter = tensor_filter
 
-def selected_keys(files: list[str], keys: Sequence[str] | None, tensor_filter: Any,
-                  match_mode: Any) -> list[str] | None:
-    """The engine's `keys`: None (every tensor), `keys` as given, or the names of `files` that
-    `tensor_filter` matches, in storage order (an empty filter selects nothing). The filter reads
-    the files' headers once more (the engine validates them again when it opens). Call after
-    check_selection."""
-    if tensor_filter is None:
-        return None if keys is None else [str(k) for k in keys]
-    matches = name_matcher(tensor_filter, match_mode)
-    if not tensor_filter:
-        return []
-    from ._errors import engine_errors
-
-    with engine_errors():
-        names = torch.ops.instanttensor.tensor_names(files)
-    return [name for name in names if matches(name)]
+    def keys_of(self, files: list[str]) -> list[str] | None:
+        """The engine's `keys`: None (every tensor), the given keys, or the names of `files`
+        the filter matches, in storage order. A non-empty filter reads the files' headers once
+        more (the engine validates them again when it opens); an empty one selects nothing."""
+        if self._filter is None:
+            return self._keys
+        if not self._filter:
+            return []
+        with engine_errors():
+            names = torch.ops.instanttensor.tensor_names(files)
+        return [name for name in names if self._matches(name)]

@@ -8,6 +8,9 @@
 
 namespace simdev {
 
+// The device allocator (the ATen empty kernels allocate through it).
+c10::Allocator* device_allocator_instance();
+
 // recordDataPtrOnStream: the block of `data` is freed only after `stream` passes the work
 // queued on it when the block is freed (as CUDA's caching allocator does).
 void record_block_use(const c10::DataPtr& data, const c10::Stream& stream);

@@ -12,11 +12,10 @@
 
 #include <cstring>
 
+#include "sim_allocators.h"
 #include "sim_runtime.h"
 
 namespace simdev {
-
-c10::Allocator* device_allocator_instance();
 
 namespace {
 
