@@ -66,6 +66,7 @@ class BorrowRing {
 
   uint64_t bytes_in_use() const { return in_use_; }
   uint64_t capacity() const { return capacity_; }
+  Memory memory() const { return memory_; }
 
  private:
   void ensure_memory();

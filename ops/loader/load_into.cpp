@@ -13,6 +13,8 @@
 
 #include "loader/device_stage.h"
 #include "loader/memory_plan.h"
+#include "loader/read_tags.h"
+#include "loader/staging_stream.h"
 #include "loader/storage_views.h"
 #include "loader/torch_dtype.h"
 #include "pool/host_buffer.h"
@@ -131,7 +133,8 @@ struct Target {
 };
 
 // Accelerator destinations (or any, when staging is forced): reads land in the staging ring in
-// slices and are copied into the destination on the loader's stream.
+// slices and are copied into the destination on the loader's stream, through the same staging
+// stream as the loader's shares.
 void fill_through_staging(const std::vector<Target>& targets, c10::Device device,
                           const format::Checkpoint& checkpoint, io::IoSetup& io,
                           ReadScheduler& reads, uint64_t chunk_size, uint64_t staging_bytes,
@@ -144,68 +147,56 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   c10::DeviceGuard guard(device);
   // Work already queued on the consumer's stream may still read the old values.
   CopyFence::after(stage.streams().consumer()).block(stage.streams().loader(), "load_into_start");
-
-  struct Pending {
-    uint64_t tag;
-    BorrowRing::Region* region;
-    const uint8_t* staged;
-    uint8_t* to;
-    uint64_t nbytes;
-    const format::IndexedTensor* source;
-  };
-  std::deque<Pending> pending;
+  StagingStream stream(stage, reads);
+  std::deque<const format::IndexedTensor*> sources;  // of the waiting slices, in order
   std::optional<Error> failed;
   CopyFence last;
   auto land_oldest = [&] {
-    Pending p = pending.front();
-    pending.pop_front();
-    while (!reads.done(p.tag)) reads.wait_one();
-    auto failure = reads.failure(p.tag);
-    reads.forget(p.tag);
+    const format::IndexedTensor& source = *sources.front();
+    sources.pop_front();
+    const uint64_t tag = stream.oldest_tag();
+    while (!reads.done(tag)) reads.wait_one();
+    auto failure = reads.failure(tag);
+    reads.forget(tag);
     if (failure && !failed) {
-      failed = read_failure_error(*failure, file_of(checkpoint, *p.source), p.source->name());
+      failed = read_failure_error(*failure, file_of(checkpoint, source), source.name());
     }
-    if (failed) return;  // nothing more is copied; the remaining reads are only waited for
-    p.region->readers_done = stage.copy_to_device(p.staged, p.to, p.nbytes);
-    last = p.region->readers_done;
+    if (failed) {
+      stream.drop_oldest();  // nothing more is copied; the remaining reads are only waited for
+    } else {
+      last = stream.copy_oldest();
+    }
   };
-  auto& staging = stage.staging();
   // Reads still in flight write into the staging ring: wait for them before it is freed.
   auto drain = c10::make_scope_exit([&] {
-    for (const auto& p : pending) {
-      while (!reads.done(p.tag)) reads.wait_one();
-      reads.forget(p.tag);
+    while (stream.waiting() > 0) {
+      const uint64_t tag = stream.oldest_tag();
+      while (!reads.done(tag)) reads.wait_one();
+      reads.forget(tag);
+      stream.drop_oldest();
     }
   });
   for (const Target& target : targets) {
     if (failed) break;
     const auto& t = *target.source;
-    uint8_t* to = target.to;
     for (uint64_t done = 0; done < t.nbytes && !failed; done += slice) {
       uint64_t nbytes = std::min(slice, t.nbytes - done);
       auto range = plan::align_range(t.file_offset + done, nbytes, io.alignment());
-      BorrowRing::Region* region = nullptr;
-      while (!failed && (region = staging.place(range.span, 0)) == nullptr) {
-        // Free only the oldest region, so the other reads stay in flight (freeing by landing
-        // everything first left one read in flight: 1.0 -> 0.8 s cold on 1.76 GB). The ring
-        // holds the landed regions, then `pending`, in order.
-        if (staging.regions().empty()) {
+      const uint64_t tag = read_tags::load_into(sequence++);
+      while (!failed && !stream.submit(t.file_index, range, target.to + done, tag)) {
+        if (stream.waiting() == 0) {
           throw Error(ErrorKind::Io, file_of(checkpoint, t), t.name(),
                       "load_into: a staging slice does not fit the staging ring");
         }
-        if (staging.regions().size() == pending.size()) land_oldest();
-        staging.release_oldest();  // waits on the host for the copy that read it
+        land_oldest();
       }
-      if (failed) break;
-      uint64_t tag = kLoadIntoTag | sequence++;
-      reads.submit(t.file_index, range, region->data, tag);
-      pending.push_back({tag, region, region->data + range.prefix, to + done, nbytes, &t});
+      if (!failed) sources.push_back(&t);
     }
   }
-  while (!pending.empty()) land_oldest();
+  while (stream.waiting() > 0) land_oldest();
   if (failed) throw *failed;
   last.block(stage.streams().consumer(), "load_into_done");
-  while (!staging.regions().empty()) staging.release_oldest();  // every copy has finished
+  stream.release_all();  // every copy has finished
 }
 
 }  // namespace
@@ -316,7 +307,7 @@ void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint&
         // into the destination; buffered reads would leave the pace to the kernel's readahead.
         staged[key].push_back({&t, to});
       } else {
-        uint64_t tag = kLoadIntoTag | sequence++;
+        uint64_t tag = read_tags::load_into(sequence++);
         host_tags.emplace_back(tag, &fill);
         submit_into_host(reads, io, t, to, tag);
       }

@@ -14,10 +14,6 @@
 
 namespace instanttensor::loader {
 
-// Read tags of load_into: this bit plus a sequence number (the loader's own tags are read-group
-// indices and bits 62 and 63).
-constexpr uint64_t kLoadIntoTag = 1ull << 61;
-
 // A destination matched to its source tensor in the checkpoint.
 struct Fill {
   const format::IndexedTensor* source = nullptr;

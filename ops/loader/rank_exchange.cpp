@@ -13,14 +13,6 @@ constexpr int64_t kMessageBytes = 1016;  // status word + message: 1 KiB per ran
 
 }  // namespace
 
-ExchangePlace choose_exchange_place(const std::vector<c10::DeviceType>& group_device_types,
-                                    c10::DeviceType target, bool staged) {
-  bool has_target = std::find(group_device_types.begin(), group_device_types.end(), target) !=
-                    group_device_types.end();
-  if (!has_target) return ExchangePlace::Local;
-  return staged ? ExchangePlace::Device : ExchangePlace::Host;
-}
-
 GatherMethod choose_gather_method(ExchangePlace place, const std::string& backend_name,
                                   c10::DeviceType device) {
   if (backend_name != "gloo") return GatherMethod::AllGather;

@@ -9,22 +9,10 @@
 #include <vector>
 
 #include "instanttensor/error.h"
+#include "loader/load_mode.h"
 #include "loader/unit_layout.h"
 
 namespace instanttensor::loader {
-
-// Where the bytes of a distributed load meet.
-enum class ExchangePlace {
-  Local,   // the group has no backend for the target: every rank reads everything itself
-  Host,    // host memory (a CPU target): reads land in the host ring, gathered there
-  Device,  // the target's memory behind the transfer stage: the device ring, gathered there
-};
-
-// Pure choice from the device types the group has backends for and the target: the backend for
-// the target's own device type, in the target's memory (the device ring when the transfer stage
-// is in use, so device bytes never bounce through the host); no such backend -> Local.
-ExchangePlace choose_exchange_place(const std::vector<c10::DeviceType>& group_device_types,
-                                    c10::DeviceType target, bool staged);
 
 // How a unit reaches every rank. All-gather is NCCL's primitive for this (one collective, in
 // place), and the one the device ring uses on the CPU in tests. gloo's CPU all-gather was

@@ -1,4 +1,4 @@
-// The exchange's pure parts: where it runs for a group and a target, and how units are cut.
+// The exchange's pure parts: how a unit reaches every rank.
 #include <gtest/gtest.h>
 
 #include "loader/rank_exchange.h"
@@ -8,24 +8,6 @@ namespace {
 
 using c10::DeviceType;
 
-TEST(ExchangePlace, TheBackendForTheTargetsDeviceTypeOrLocal) {
-  const std::vector<DeviceType> nccl = {DeviceType::CUDA};  // vLLM's device group
-  const std::vector<DeviceType> gloo = {DeviceType::CPU};
-  const std::vector<DeviceType> both = {DeviceType::CPU, DeviceType::CUDA};
-  // An accelerator target exchanges in device memory when the group speaks its device type.
-  EXPECT_EQ(choose_exchange_place(nccl, DeviceType::CUDA, true), ExchangePlace::Device);
-  EXPECT_EQ(choose_exchange_place(both, DeviceType::CUDA, true), ExchangePlace::Device);
-  // ...and reads locally when it does not (no bounce of device bytes through the host).
-  EXPECT_EQ(choose_exchange_place(gloo, DeviceType::CUDA, true), ExchangePlace::Local);
-  // A CPU target: the host ring with a CPU backend, else local.
-  EXPECT_EQ(choose_exchange_place(gloo, DeviceType::CPU, false), ExchangePlace::Host);
-  EXPECT_EQ(choose_exchange_place(both, DeviceType::CPU, false), ExchangePlace::Host);
-  EXPECT_EQ(choose_exchange_place(nccl, DeviceType::CPU, false), ExchangePlace::Local);
-  // A CPU target through the transfer stage (tests): the device ring on the CPU.
-  EXPECT_EQ(choose_exchange_place(gloo, DeviceType::CPU, true), ExchangePlace::Device);
-  EXPECT_EQ(choose_exchange_place({}, DeviceType::CPU, false), ExchangePlace::Local);
-}
-
 TEST(GatherMethod, AllGatherExceptWhereGlooDoesBetterWithBroadcasts) {
   const auto cpu = DeviceType::CPU, cuda = DeviceType::CUDA;
   EXPECT_EQ(choose_gather_method(ExchangePlace::Device, "nccl", cuda), GatherMethod::AllGather);
@@ -34,42 +16,6 @@ TEST(GatherMethod, AllGatherExceptWhereGlooDoesBetterWithBroadcasts) {
   EXPECT_EQ(choose_gather_method(ExchangePlace::Device, "gloo", cuda), GatherMethod::Broadcasts);
   EXPECT_EQ(choose_gather_method(ExchangePlace::Host, "gloo", cpu), GatherMethod::Broadcasts);
   EXPECT_EQ(choose_gather_method(ExchangePlace::Host, "mpi", cpu), GatherMethod::AllGather);
-}
-
-TEST(UnitLayout, EqualSlicesCoverEveryByteOnceWithBoundedPadding) {
-  for (int world : {1, 2, 3, 8}) {
-    for (uint64_t chunk : {64ull, 4096ull, 1000ull, 8ull << 20}) {
-      UnitLayout layout(chunk, world);
-      EXPECT_EQ(layout.unit_bytes % (static_cast<uint64_t>(world) * 64), 0u);
-      for (uint64_t group : {1ull, 63ull, 64ull, 65ull, 1000ull, 12345ull, 3ull * layout.unit_bytes,
-                             3ull * layout.unit_bytes + 7}) {
-        SCOPED_TRACE("world " + std::to_string(world) + " chunk " + std::to_string(chunk) +
-                     " group " + std::to_string(group));
-        uint64_t covered = 0;
-        for (size_t u = 0; u < layout.unit_count(group); ++u) {
-          auto unit = layout.unit(group, u);
-          EXPECT_EQ(unit.begin, covered);
-          EXPECT_GT(unit.end, unit.begin);
-          EXPECT_LE(unit.begin + unit.slice * world,
-                    unit.begin + (unit.end - unit.begin) + (world == 1 ? 0 : layout.padding()));
-          if (world > 1) {
-            EXPECT_EQ(unit.slice % UnitLayout::kSliceAlignment, 0u);
-          }
-          uint64_t shares = 0;
-          for (int r = 0; r < world; ++r) {
-            EXPECT_LE(unit.share_begin(r), unit.share_end(r));
-            EXPECT_EQ(unit.share_begin(r),
-                      unit.begin + std::min(unit.end - unit.begin, r * unit.slice));
-            shares += unit.share_end(r) - unit.share_begin(r);
-          }
-          EXPECT_EQ(shares, unit.end - unit.begin);
-          covered = unit.end;
-        }
-        EXPECT_EQ(covered, group);
-      }
-    }
-  }
-  EXPECT_EQ(UnitLayout(4096, 2).unit_count(0), 0u);
 }
 
 }  // namespace

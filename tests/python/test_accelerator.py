@@ -128,10 +128,12 @@ def test_a_consumer_still_reading_a_borrowed_region_on_a_side_stream(accel, chec
         with instanttensor.safe_open(paths, device=accel.kind, copy=False,
                                      buffer_size=64 << 10, staging_size=32 << 10) as f:
             for name, tensor in f.tensors():
-                accel.slow(2_000)
+                accel.slow(10_000)
                 copies[name] = torch.empty_like(tensor)
                 copies[name].copy_(tensor)  # queued after the slow kernel, reads the region
-            del tensor
+                # Nothing holds the tensor when the loader advances, so only the region's release
+                # point (not the copy-out of a kept tensor) can order its reuse after the copy.
+                del tensor
     side.synchronize()
     for name, value in copies.items():
         assert same_bytes(on_host(value), tensors[name]), name

@@ -1,0 +1,107 @@
+#include "loader/exchange_protocol.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+
+#include <chrono>
+
+#include "loader/storage_views.h"
+
+namespace instanttensor::loader {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+uint64_t layout_digest(const format::Checkpoint& checkpoint, const std::vector<size_t>& selected,
+                       const LayoutOptions& options) {
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t size) {
+    for (size_t i = 0; i < size; ++i) {
+      hash = (hash ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+    }
+  };
+  auto mix_value = [&](uint64_t value) { mix(&value, sizeof(value)); };
+  for (const auto& file : checkpoint.files()) {
+    mix_value(file.size);
+    mix_value(file.header.header_length);
+  }
+  for (size_t index : selected) {
+    const auto& t = checkpoint.tensors()[index];
+    mix(t.name().data(), t.name().size());
+    mix_value(t.file_offset);
+    mix_value(t.nbytes);
+  }
+  mix_value(options.copy);
+  mix_value(options.buffer_size);
+  mix_value(options.chunk_size);
+  mix_value(options.staging_size);
+  mix_value(options.host_fallback);
+  mix_value(options.staged);
+  mix_value(static_cast<uint64_t>(options.device_type));
+  return hash;
+}
+
+ExchangeProtocol::ExchangeProtocol(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device where,
+                                   ExchangePlace place, uint64_t digest, uint64_t& device_budget,
+                                   const std::string& file)
+    : exchange_(std::move(group), where, place) {
+  device_budget = exchange_.handshake(digest, device_budget, file);
+}
+
+void ExchangeProtocol::exchange_group(size_t g, const PassPlan& plan, GroupState& state,
+                                      bool shares, std::optional<Error> failure,
+                                      const std::function<void(size_t units)>& wait_landed,
+                                      const c10::Stream* loader_stream, Stats& stats) {
+  const plan::ReadGroup& group = plan.reads.groups[g];
+  const std::string& file = plan.file_of(plan.first_tensor(g));
+  if (!failure && deferred_) failure = std::move(deferred_);
+  deferred_.reset();
+  const size_t units = plan.unit_count(g);
+  if (!shares || units == 0) {
+    // Read whole by every rank (a tensor that stays on the host) or only empty tensors: a
+    // status round alone, so a failure still reaches every rank.
+    if (!failure) {
+      try {
+        wait_landed(SIZE_MAX);
+      } catch (const Error& e) {
+        failure = e;
+      }
+    }
+    exchange_.check_statuses(failure, file);
+    state.units_exchanged = 1;
+    return;
+  }
+  const c10::Device device = exchange_.device();
+  uint64_t own = 0;
+  while (state.units_exchanged < units) {
+    size_t u = state.units_exchanged;
+    if (!failure) {
+      try {
+        wait_landed(u + 1);  // this rank's share of unit u is in place
+      } catch (const Error& e) {
+        failure = e;
+      }
+    }
+    auto start = std::chrono::steady_clock::now();
+    exchange_.check_statuses(failure, file);
+    stats.exchange_seconds += seconds_since(start);
+    auto unit = plan.memory.layout.unit(group.length, u);
+    own += unit.share_end(rank()) - unit.share_begin(rank());
+    at::Tensor bytes = byte_view(state.dest + unit.begin, unit.slice * world(), device);
+    if (loader_stream) {
+      // After the copies of this rank's share, queued on the loader's stream.
+      c10::DeviceGuard guard(device);
+      c10::StreamGuard on_loader(*loader_stream);
+      exchange_.gather(bytes);
+    } else {
+      exchange_.gather(bytes);
+    }
+    state.units_exchanged += 1;
+  }
+  stats.bytes_received += group.length - own;
+}
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,63 @@
+// The load mode: how one loader moves bytes, chosen once at open by a pure function, so every
+// part of the loader asks one value instead of testing flags. Torch-free (tested in the core
+// test binary, as a table).
+#pragma once
+
+#include <cstdint>
+
+namespace instanttensor::loader {
+
+// Where the bytes of a distributed load meet.
+enum class ExchangePlace {
+  Local,   // no exchange: one process, or the group has no backend for the target (every rank
+           // reads the whole checkpoint itself)
+  Host,    // host memory (a CPU target): reads land in the host ring, gathered there
+  Device,  // the target's memory behind the transfer stage: the device ring, gathered there
+};
+
+// Where a read group's bytes live until they are handed out.
+enum class Destination {
+  HostOwned,    // one tensor, read into its own host storage (CPU copy=true; host fallback)
+  HostRing,     // the host borrow ring (CPU borrow; the host exchange)
+  DeviceOwned,  // one tensor, streamed into its own device storage (accelerator copy=true)
+  DeviceRing,   // the device ring (accelerator borrow; the device exchange)
+};
+
+struct LoadModeInputs {
+  bool accelerator_target = false;   // the target device is not the CPU
+  bool force_staging = false;        // tests: a CPU target through the transfer stage
+  bool host_fallback = false;        // asked: tensors over the device budget stay on the host
+  bool copy = true;                  // the consumer owns what it gets
+  bool mapping_backend = false;      // the read backend is the file mapping (mmap)
+  bool distributed = false;          // a process group of more than one rank
+  bool group_serves_target = false;  // the group has a backend for the target's device type
+};
+
+struct LoadMode {
+  bool accelerator = false;       // the target is an accelerator (not the CPU)
+  bool staged = false;            // reads go through the staging ring to the target's memory
+  bool ring = false;              // groups land in a borrow ring (else each tensor in its own)
+  bool host_fallback = false;     // staged: a tensor over the device budget is read on the host
+  bool mapped_access = false;     // random access hands out views of the file mapping
+  bool mapped_iteration = false;  // iteration too: no ring, no reads
+  ExchangePlace exchange = ExchangePlace::Local;
+  // A process group that cannot exchange the target's bytes: every rank reads alone (the
+  // loader warns).
+  bool exchange_fell_back = false;
+
+  bool exchanging() const { return exchange != ExchangePlace::Local; }
+  // Whether a group is read as rank shares in units (the staged path and the exchanges) rather
+  // than as one read into its destination.
+  bool uses_shares(Destination where) const;
+  // The destination of a group whose first (for owned groups: only) tensor has `first_bytes`,
+  // given the device memory budget agreed at open.
+  Destination destination_of(uint64_t first_bytes, uint64_t device_budget) const;
+  // Random access and host-fallback tensors: whether a tensor of `nbytes` is copied to the
+  // target device after its host read.
+  bool moves_to_target(uint64_t nbytes, uint64_t device_budget) const;
+};
+
+// Any thread; pure.
+LoadMode choose_load_mode(const LoadModeInputs& in);
+
+}  // namespace instanttensor::loader

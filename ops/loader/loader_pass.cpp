@@ -1,0 +1,291 @@
+// The pass over the read plan: placing and submitting groups ahead of the consumer, landing
+// them, exchanging them with the other ranks, and handing their tensors out in storage order.
+#include <c10/core/DeviceGuard.h>
+
+#include <chrono>
+
+#include "loader/loader.h"
+#include "loader/read_tags.h"
+#include "loader/storage_views.h"
+
+namespace instanttensor {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+}  // namespace
+
+using loader::Destination;
+namespace read_tags = loader::read_tags;
+
+void Loader::drain_in_flight() noexcept {
+  // Reads of an abandoned pass still target its memory: finish them before anything is reused.
+  reads_->drain();
+  shares_->reset();
+}
+
+void Loader::begin_pass() {
+  drain_in_flight();
+  if (exchange_) {
+    exchange_->wait_gathers();
+    exchange_->forget_deferred();
+  }
+  pass_.begin(plan_.reads);
+  try {
+    plan_.checkpoint->check_unchanged();
+  } catch (const Error& e) {
+    pass_.error.emplace(e);  // the pass is over before it began; next() keeps saying why
+    throw;
+  }
+}
+
+void Loader::restart() {
+  auto lock = mutex_.lock();
+  ensure_open();
+  refuse_in_child(kIterationInChild, /*iteration=*/true);
+  if (exchange_) {
+    // Distributed: the pass begins inside the first next(), where a failure (a changed file)
+    // travels with the first status round instead of raising on this rank alone.
+    drain_in_flight();
+    pass_.started = false;
+    pass_.error.reset();
+    return;
+  }
+  begin_pass();
+}
+
+loader::Placement& Loader::placement_for(Destination where) {
+  switch (where) {
+    case Destination::HostOwned:
+      return *host_owned_;
+    case Destination::DeviceOwned:
+      return *device_owned_;
+    case Destination::DeviceRing:
+      return *device_ring_placement_;
+    case Destination::HostRing:
+      break;
+  }
+  if (!host_ring_placement_) {
+    host_streams_ = std::make_unique<loader::LoaderStreams>(c10::Device(c10::DeviceType::CPU));
+    host_ring_ = std::make_unique<loader::BorrowRing>(
+        *host_streams_, loader::BorrowRing::Memory::Host, plan_.memory.host_ring_bytes,
+        plan_.ring_alignment, "the borrow buffer");
+    host_ring_placement_ = std::make_unique<loader::RingPlacement>(
+        plan_, *host_ring_, exchange_ ? plan_.memory.layout.padding() : 0, stats_);
+  }
+  return *host_ring_placement_;
+}
+
+bool Loader::place_group(size_t g, bool force) {
+  const plan::ReadGroup& group = plan_.reads.groups[g];
+  loader::GroupState& state = pass_.groups[g];
+  state.where = mode_.destination_of(plan_.first_tensor(g).nbytes, device_budget_);
+  state.range = plan::align_range(group.file_offset, group.length, plan_.io_alignment);
+  if (group.length == 0) {  // only empty tensors: nothing to place or read, on any rank
+    state.placed = state.landed = true;
+    return true;
+  }
+  return placement_for(state.where).place(g, pass_, force);
+}
+
+void Loader::submit_group(size_t g) {
+  loader::GroupState& state = pass_.groups[g];
+  if (state.landed || mode_.uses_shares(state.where)) return;  // shares: the ShareFeed
+  // The whole group, read by this rank (single-process, local fallback, host-fallback tensor).
+  if (reads_->submit(plan_.reads.groups[g].file_index, state.range, state.dest - state.range.prefix,
+                     read_tags::group(g)) == 0) {
+    state.landed = true;
+  }
+}
+
+void Loader::pump() {
+  while (pass_.next_group < plan_.reads.groups.size()) {
+    if (!place_group(pass_.next_group, /*force=*/false)) break;
+    submit_group(pass_.next_group++);
+  }
+  shares_->submit_placed(mode_, pass_);
+}
+
+void Loader::land_shares() {
+  if (auto failure = shares_->land(pass_)) fail_pass(std::move(*failure));
+}
+
+void Loader::fail_pass(Error error) {
+  drain_in_flight();
+  pass_.error.emplace(std::move(error));
+  throw *pass_.error;
+}
+
+void Loader::check_pass_reads() {
+  auto failed = reads_->first_failed_tag();
+  if (!failed || !read_tags::of_the_pass(*failed)) return;
+  size_t group = read_tags::is_share(*failed) ? shares_->group_of(*failed).value_or(0) : *failed;
+  const auto& first = plan_.first_tensor(group);
+  fail_pass(read_failure_error(*reads_->failure(*failed), plan_.file_of(first), first.name()));
+}
+
+void Loader::wait_until_landed(size_t g, size_t units) {
+  auto start = Clock::now();
+  loader::GroupState& state = pass_.groups[g];
+  auto enough = [&] { return state.landed || (units != SIZE_MAX && state.units_landed >= units); };
+  while (true) {
+    land_shares();
+    if (!state.landed && !mode_.uses_shares(state.where) && reads_->done(read_tags::group(g))) {
+      auto failure = reads_->failure(read_tags::group(g));
+      reads_->forget(read_tags::group(g));
+      const auto& first = plan_.first_tensor(g);
+      if (failure) fail_pass(read_failure_error(*failure, plan_.file_of(first), first.name()));
+      state.landed = true;
+    }
+    if (enough()) break;
+    pump();  // staging space freed by copies lets more shares in
+    land_shares();
+    if (enough()) break;
+    if (reads_->in_flight() == 0) {
+      throw Error(ErrorKind::Io, plan_.file_of(plan_.first_tensor(g)), plan_.first_tensor(g).name(),
+                  "internal: waiting for a read that was never submitted");
+    }
+    reads_->wait_one();
+    check_pass_reads();
+  }
+  stats_.wait_seconds += seconds_since(start);
+  if (!state.verified) {
+    // Re-stat after the reads: a writer updates the mtime before its bytes reach the page cache,
+    // so bytes written in place since open are caught here, before any tensor of them goes out.
+    const auto& first = plan_.first_tensor(g);
+    try {
+      plan_.checkpoint->check_unchanged(first.file_index, first.name());
+    } catch (const Error& e) {
+      fail_pass(e);
+    }
+    state.verified = state.landed;
+  }
+}
+
+void Loader::make_ready(size_t item, bool wait) {
+  size_t g = plan_.reads.group_of[item];
+  pump();
+  if (!pass_.groups[g].placed) {
+    // Nothing is ahead and the ring only holds handed-out tensors: make room even if that means
+    // copying out the live one.
+    if (!place_group(g, /*force=*/true)) {
+      const auto& t = plan_.tensor_of_item(item);
+      throw Error(ErrorKind::Io, plan_.file_of(t), t.name(),
+                  "internal: no room in the borrow buffer");
+    }
+    submit_group(pass_.next_group++);
+    pump();
+  }
+  if (wait) wait_until_landed(g);
+}
+
+std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
+  const auto& t = plan_.tensor_of_item(item);
+  loader::ItemState& state = pass_.items[item];
+  loader::GroupState& group = pass_.groups[plan_.reads.group_of[item]];
+  pass_.next_item = item + 1;
+  // Take the owned storage before anything can throw, so a tensor torch cannot represent
+  // (F6) is skipped cleanly and the read-ahead budget stays right.
+  auto owned = std::move(state.owned);
+  if (owned) pass_.ahead_bytes -= t.nbytes;
+  auto spec = factory_->spec(t);
+  stats_.tensors_loaded += 1;
+  const bool on_device =
+      group.where == Destination::DeviceOwned || group.where == Destination::DeviceRing;
+  const c10::Device device = on_device ? options_.device : c10::Device(c10::DeviceType::CPU);
+  c10::DeviceGuard guard(device);
+  if (t.nbytes == 0) {
+    // An empty tensor: nothing read, nothing exchanged; it lives where its group would.
+    return {t.name(), factory_->empty(t, device)};
+  }
+  if (exchange_) {
+    auto start = Clock::now();
+    exchange_->wait_gathers();  // the consumer's stream (or the host) waits for the bytes
+    stats_.exchange_seconds += seconds_since(start);
+  } else if (on_device) {
+    group.landed_fence.block(stage_->streams().consumer(), "landed");
+  }
+  if (owned)
+    return {t.name(), factory_->aligned(loader::TensorFactory::over(std::move(owned), spec))};
+  at::Tensor tensor = loader::TensorFactory::over(
+      c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(state.borrowed), spec);
+  // copy=true through a ring (the exchange): the consumer gets its own bytes.
+  if (options_.copy) return {t.name(), factory_->owned_copy(tensor)};
+  return {t.name(), factory_->aligned(tensor)};
+}
+
+std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
+  auto lock = mutex_.lock();
+  ensure_open();
+  refuse_in_child(kIterationInChild, /*iteration=*/true);
+  return exchange_ ? next_exchanged() : next_local();
+}
+
+std::optional<std::pair<std::string, at::Tensor>> Loader::next_local() {
+  if (!pass_.started) begin_pass();
+  if (pass_.error) throw *pass_.error;
+  if (pass_.next_item >= plan_.reads.items.size()) return std::nullopt;
+  size_t item = pass_.next_item;
+  if (mode_.mapped_iteration) {
+    pass_.next_item = item + 1;
+    const auto& t = plan_.tensor_of_item(item);
+    auto spec = factory_->spec(t);
+    stats_.tensors_loaded += 1;
+    auto storage = factory_->mapped(io_->mapping(), t, 0, t.nbytes);
+    return std::make_pair(t.name(),
+                          factory_->aligned(loader::TensorFactory::over(std::move(storage), spec)));
+  }
+  if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
+  make_ready(item, /*wait=*/true);
+  pump();
+  return hand_out(item);
+}
+
+std::optional<std::pair<std::string, at::Tensor>> Loader::next_exchanged() {
+  // Every rank walks the same items and the same status rounds, so a failure here (a changed
+  // file, a read error, no memory) travels with the next round and raises on every rank
+  // together.
+  if (pass_.error) throw *pass_.error;
+  if (pass_.started && pass_.next_item >= plan_.reads.items.size()) return std::nullopt;
+  size_t item = pass_.started ? pass_.next_item : 0;
+  if (item >= plan_.reads.items.size()) {
+    begin_pass();
+    return std::nullopt;
+  }
+  std::optional<Error> failure;
+  try {
+    if (!pass_.started) begin_pass();
+    if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
+    make_ready(item, /*wait=*/false);
+  } catch (const Error& e) {
+    failure = e;
+  }
+  size_t g = plan_.reads.group_of[item];
+  if (pass_.groups.empty()) {
+    if (failure) throw *failure;
+  } else if (pass_.groups[g].units_exchanged == 0) {
+    try {
+      loader::GroupState& state = pass_.groups[g];
+      exchange_->exchange_group(
+          g, plan_, state, mode_.uses_shares(state.where), failure,
+          [&](size_t units) { wait_until_landed(g, units); },
+          stage_ ? &stage_->streams().loader() : nullptr, stats_);
+    } catch (const Error& e) {
+      drain_in_flight();
+      pass_.error.emplace(e);
+      throw;
+    }
+  } else if (failure) {
+    exchange_->defer(*failure);  // this group is already here; the next round carries it
+  }
+  try {
+    pump();
+  } catch (const Error& e) {
+    exchange_->defer(e);
+  }
+  return hand_out(item);
+}
+
+}  // namespace instanttensor

@@ -1,0 +1,63 @@
+// Random access: one tensor, or a range of its rows, read on demand into its own storage (or
+// viewed in the file mapping), beside any pass in progress on the same read scheduler.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+
+#include "io/io_setup.h"
+#include "loader/load_mode.h"
+#include "loader/pass_state.h"
+#include "loader/read_scheduler.h"
+#include "loader/tensor_factory.h"
+#include "pool/recycled_blocks.h"
+
+namespace instanttensor::loader {
+
+class RandomAccess {
+ public:
+  // Everything referenced outlives this object; `recycled` is the loader's pool pointer (it is
+  // replaced in a forked child, so it is read at each call). Consumer thread, under the loader's
+  // lock.
+  RandomAccess(const PassPlan& plan, const LoadMode& mode, c10::Device target,
+               const uint64_t& device_budget, io::IoSetup& io, ReadScheduler& reads,
+               TensorFactory& factory, const std::shared_ptr<pool::RecycledBlocks>& recycled,
+               Stats& stats)
+      : plan_(plan),
+        mode_(mode),
+        target_(target),
+        device_budget_(device_budget),
+        io_(io),
+        reads_(reads),
+        factory_(factory),
+        recycled_(recycled),
+        stats_(stats) {}
+
+  // The whole tensor `t`, on the target device (a host-fallback tensor over the budget: on the
+  // host). Throws Error naming the file and the tensor on a read failure or a file changed since
+  // open.
+  at::Tensor tensor(const format::IndexedTensor& t);
+  // Rows [start, stop) of `t` along its first dimension: only their bytes are read. A 0-d tensor
+  // or rows outside [0, rows) are Error(Argument).
+  at::Tensor rows(const format::IndexedTensor& t, int64_t start, int64_t stop);
+
+ private:
+  // Reads [offset, offset + nbytes) of `t` into a fresh owned storage, synchronously (a view of
+  // the mapping with the mmap backend and a host target).
+  c10::intrusive_ptr<c10::StorageImpl> read(const format::IndexedTensor& t, uint64_t offset,
+                                            uint64_t nbytes);
+  at::Tensor to_target(at::Tensor tensor) const;
+
+  const PassPlan& plan_;
+  const LoadMode& mode_;
+  c10::Device target_;
+  const uint64_t& device_budget_;
+  io::IoSetup& io_;
+  ReadScheduler& reads_;
+  TensorFactory& factory_;
+  const std::shared_ptr<pool::RecycledBlocks>& recycled_;
+  Stats& stats_;
+};
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,118 @@
+// The load mode (loader/load_mode.h): every combination of target, options and process group,
+// as a table, against what each part of the loader must then do.
+#include <gtest/gtest.h>
+
+#include "loader/load_mode.h"
+
+namespace instanttensor::loader {
+namespace {
+
+struct Row {
+  const char* what;
+  LoadModeInputs in;
+  bool staged, ring, host_fallback, mapped_access, mapped_iteration;
+  ExchangePlace exchange;
+  bool fell_back;
+};
+
+LoadModeInputs inputs(bool accelerator, bool copy, bool distributed = false, bool serves = false) {
+  LoadModeInputs in;
+  in.accelerator_target = accelerator;
+  in.copy = copy;
+  in.distributed = distributed;
+  in.group_serves_target = serves;
+  return in;
+}
+
+LoadModeInputs with(LoadModeInputs in, bool force_staging, bool host_fallback, bool mapping) {
+  in.force_staging = force_staging;
+  in.host_fallback = host_fallback;
+  in.mapping_backend = mapping;
+  return in;
+}
+
+const Row kRows[] = {
+    // what                        inputs                                      st ring hf  ma   mi
+    {"cpu copy", inputs(false, true), false, false, false, false, false, ExchangePlace::Local,
+     false},
+    {"cpu borrow", inputs(false, false), false, true, false, false, false, ExchangePlace::Local,
+     false},
+    {"cpu copy mmap", with(inputs(false, true), false, false, true), false, false, false, true,
+     false, ExchangePlace::Local, false},
+    {"cpu borrow mmap", with(inputs(false, false), false, false, true), false, true, false, true,
+     true, ExchangePlace::Local, false},
+    {"cpu host_fallback is moot", with(inputs(false, true), false, true, false), false, false,
+     false, false, false, ExchangePlace::Local, false},
+    {"forced staging", with(inputs(false, true), true, false, false), true, false, false, false,
+     false, ExchangePlace::Local, false},
+    {"forced staging mmap", with(inputs(false, false), true, false, true), true, true, false, false,
+     false, ExchangePlace::Local, false},
+    {"accelerator copy", inputs(true, true), true, false, false, false, false, ExchangePlace::Local,
+     false},
+    {"accelerator borrow", inputs(true, false), true, true, false, false, false,
+     ExchangePlace::Local, false},
+    {"accelerator host fallback", with(inputs(true, true), false, true, false), true, false, true,
+     false, false, ExchangePlace::Local, false},
+    {"accelerator mmap reads, no views", with(inputs(true, false), false, false, true), true, true,
+     false, false, false, ExchangePlace::Local, false},
+    {"host exchange copy", inputs(false, true, true, true), false, true, false, false, false,
+     ExchangePlace::Host, false},
+    {"host exchange mmap: no mapped iteration",
+     with(inputs(false, false, true, true), false, false, true), false, true, false, true, false,
+     ExchangePlace::Host, false},
+    {"device exchange", inputs(true, true, true, true), true, true, false, false, false,
+     ExchangePlace::Device, false},
+    {"forced staging exchange", with(inputs(false, true, true, true), true, false, false), true,
+     true, false, false, false, ExchangePlace::Device, false},
+    {"group without the target's backend", inputs(true, true, true, false), true, false, false,
+     false, false, ExchangePlace::Local, true},
+    {"cpu group without gloo, borrow mmap",
+     with(inputs(false, false, true, false), false, false, true), false, true, false, true, true,
+     ExchangePlace::Local, true},
+};
+
+TEST(LoadMode, EveryCombinationOfTargetOptionsAndGroup) {
+  for (const Row& row : kRows) {
+    SCOPED_TRACE(row.what);
+    LoadMode mode = choose_load_mode(row.in);
+    EXPECT_EQ(mode.accelerator, row.in.accelerator_target);
+    EXPECT_EQ(mode.staged, row.staged);
+    EXPECT_EQ(mode.ring, row.ring);
+    EXPECT_EQ(mode.host_fallback, row.host_fallback);
+    EXPECT_EQ(mode.mapped_access, row.mapped_access);
+    EXPECT_EQ(mode.mapped_iteration, row.mapped_iteration);
+    EXPECT_EQ(mode.exchange, row.exchange);
+    EXPECT_EQ(mode.exchange_fell_back, row.fell_back);
+    EXPECT_EQ(mode.exchanging(), row.exchange != ExchangePlace::Local);
+  }
+}
+
+TEST(LoadMode, DestinationsAndSharesFollowTheMode) {
+  const uint64_t budget = 1000;
+  LoadMode cpu_copy = choose_load_mode(inputs(false, true));
+  EXPECT_EQ(cpu_copy.destination_of(5000, budget), Destination::HostOwned);
+  EXPECT_FALSE(cpu_copy.uses_shares(Destination::HostOwned));
+  LoadMode cpu_borrow = choose_load_mode(inputs(false, false));
+  EXPECT_EQ(cpu_borrow.destination_of(5, budget), Destination::HostRing);
+  EXPECT_FALSE(cpu_borrow.uses_shares(Destination::HostRing));  // one read per group
+  LoadMode host_exchange = choose_load_mode(inputs(false, true, true, true));
+  EXPECT_EQ(host_exchange.destination_of(5, budget), Destination::HostRing);
+  EXPECT_TRUE(host_exchange.uses_shares(Destination::HostRing));  // rank shares, in place
+  LoadMode device_copy = choose_load_mode(inputs(true, true));
+  EXPECT_EQ(device_copy.destination_of(5000, budget), Destination::DeviceOwned);
+  EXPECT_TRUE(device_copy.uses_shares(Destination::DeviceOwned));  // through the staging ring
+  LoadMode device_borrow = choose_load_mode(inputs(true, false));
+  EXPECT_EQ(device_borrow.destination_of(5, budget), Destination::DeviceRing);
+  LoadMode fallback = choose_load_mode(with(inputs(true, true), false, true, false));
+  EXPECT_EQ(fallback.destination_of(budget, budget), Destination::DeviceOwned);
+  EXPECT_EQ(fallback.destination_of(budget + 1, budget), Destination::HostOwned);
+  EXPECT_FALSE(fallback.uses_shares(Destination::HostOwned));  // read whole, on the host
+  EXPECT_TRUE(fallback.moves_to_target(budget, budget));
+  EXPECT_FALSE(fallback.moves_to_target(budget + 1, budget));
+  EXPECT_FALSE(cpu_copy.moves_to_target(5, budget));
+  LoadMode forced = choose_load_mode(with(inputs(false, true), true, true, false));
+  EXPECT_FALSE(forced.moves_to_target(5, budget));  // a CPU target has nowhere to move to
+}
+
+}  // namespace
+}  // namespace instanttensor::loader
