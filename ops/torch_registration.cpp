@@ -4,6 +4,8 @@
 #include <torch/library.h>
 
 #include "instanttensor/instanttensor.h"
+#include "loader/options.h"
+#include "loader/torch_dtype.h"
 
 namespace instanttensor {
 
@@ -68,9 +70,38 @@ void save_tensors(std::vector<at::Tensor> tensors, std::vector<std::string> name
   save_file(named, file, metadata);
 }
 
+// Flat (a0, b0, a1, b1, ...) pairs of names whose tensors share memory (save_file's check).
+std::vector<std::string> shared_tensor_names(std::vector<at::Tensor> tensors,
+                                             std::vector<std::string> names) {
+  if (tensors.size() != names.size()) {
+    throw Error(ErrorKind::Argument, "", "", "tensors and names differ in length");
+  }
+  std::map<std::string, at::Tensor> named;
+  for (size_t i = 0; i < names.size(); ++i) named.emplace(names[i], tensors[i]);
+  std::vector<std::string> flat;
+  for (auto& [a, b] : tensors_sharing_memory(named)) {
+    flat.push_back(a);
+    flat.push_back(b);
+  }
+  return flat;
+}
+
+double free_memory_share_op(std::optional<double> given) {
+  return loader::free_memory_share(given);
+}
+
 std::string build_info() {
   return std::string("instanttensor ") + INSTANTTENSOR_VERSION + " torch " +
          INSTANTTENSOR_TORCH_VERSION;
+}
+
+std::tuple<std::vector<std::string>, std::vector<std::string>> dtype_table_op() {
+  std::vector<std::string> torch_names, format_names;
+  for (auto& [torch_name, format_name] : instanttensor::loader::dtype_table()) {
+    torch_names.push_back(torch_name);
+    format_names.push_back(format_name);
+  }
+  return {torch_names, format_names};
 }
 
 // torch.classes.instanttensor.Loader: SafeOpen for Python and TorchScript. Methods run without
@@ -121,7 +152,7 @@ class LoaderHolder : public torch::CustomClassHolder {
   // (torch dtype name without the "torch." prefix, torch shape)
   std::tuple<std::string, std::vector<int64_t>> get_tensor_metadata(const std::string& name) {
     auto meta = opened_.get_tensor_metadata(name);
-    return {scalar_type_name(meta.dtype), meta.shape};
+    return {instanttensor::loader::torch_dtype_name(meta.dtype), meta.shape};
   }
   at::Tensor get_tensor(const std::string& name) { return opened_.get_tensor(name); }
   // (missing keys, unexpected keys); both empty when strict (mismatches raise instead).
@@ -171,54 +202,6 @@ class LoaderHolder : public torch::CustomClassHolder {
   void close() { opened_.close(); }
 
  private:
-  static std::string scalar_type_name(c10::ScalarType t) {
-    // The attribute name on the torch module, e.g. "bfloat16", "float8_e4m3fn", "uint16".
-    switch (t) {
-      case c10::ScalarType::Bool:
-        return "bool";
-      case c10::ScalarType::Byte:
-        return "uint8";
-      case c10::ScalarType::Char:
-        return "int8";
-      case c10::ScalarType::Short:
-        return "int16";
-      case c10::ScalarType::UInt16:
-        return "uint16";
-      case c10::ScalarType::Half:
-        return "float16";
-      case c10::ScalarType::BFloat16:
-        return "bfloat16";
-      case c10::ScalarType::Int:
-        return "int32";
-      case c10::ScalarType::UInt32:
-        return "uint32";
-      case c10::ScalarType::Float:
-        return "float32";
-      case c10::ScalarType::ComplexFloat:
-        return "complex64";
-      case c10::ScalarType::Double:
-        return "float64";
-      case c10::ScalarType::Long:
-        return "int64";
-      case c10::ScalarType::UInt64:
-        return "uint64";
-      case c10::ScalarType::Float8_e5m2:
-        return "float8_e5m2";
-      case c10::ScalarType::Float8_e4m3fn:
-        return "float8_e4m3fn";
-      case c10::ScalarType::Float8_e8m0fnu:
-        return "float8_e8m0fnu";
-      case c10::ScalarType::Float8_e4m3fnuz:
-        return "float8_e4m3fnuz";
-      case c10::ScalarType::Float8_e5m2fnuz:
-        return "float8_e5m2fnuz";
-      case c10::ScalarType::Float4_e2m1fn_x2:
-        return "float4_e2m1fn_x2";
-      default:
-        return c10::toString(t);
-    }
-  }
-
   SafeOpen opened_;
 };
 
@@ -231,8 +214,14 @@ TORCH_LIBRARY(instanttensor, m) {
       "str[] metadata_values, bool has_metadata) -> ()");
   m.def("load_into_(Tensor(a!)[] destinations, str[] files, str[] names) -> ()");
   m.def("build_info() -> str", &build_info);
+  // ([torch attribute names], [format names]): the element types, from the one C++ table.
+  m.def("dtype_table() -> (str[], str[])", &dtype_table_op);
   // Header-only: the Python layer matches tensor_filter patterns against these names.
   m.def("tensor_names(str[] files) -> str[]", &tensor_names);
+  // The share of free accelerator memory the loader may use (max_free_mem_usage, the
+  // environment, the default): the one parse of it, for the Python layer's budget.
+  m.def("free_memory_share(float? given) -> float", &free_memory_share_op);
+  m.def("shared_tensor_names(Tensor[] tensors, str[] names) -> str[]", &shared_tensor_names);
   m.class_<LoaderHolder>("Loader")
       .def(torch::init<std::vector<std::string>, c10::Device, bool,
                        std::optional<std::vector<std::string>>, std::optional<int64_t>,

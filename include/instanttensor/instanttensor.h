@@ -184,6 +184,13 @@ std::vector<std::string> tensor_names(std::vector<std::string> files);
 std::map<std::string, at::Tensor> load_file(const std::string& file,
                                             c10::Device device = c10::Device(c10::DeviceType::CPU));
 
+// Pairs of names whose tensors' bytes overlap in memory (same device and storage), which
+// save_file refuses, as safetensors does; empty when none do. Meta and empty tensors never
+// overlap. The one check of both APIs (Python asks for it to raise safetensors' RuntimeError).
+// Any thread.
+std::vector<std::pair<std::string, std::string>> tensors_sharing_memory(
+    const std::map<std::string, at::Tensor>& tensors);
+
 // Writes contiguous tensors (any device; copied to the host) to `file`, readable by the
 // reference safetensors reader. Rejects non-contiguous tensors and tensors sharing memory, as
 // safetensors does. Throws Error(Argument/Io) naming the file and tensor.

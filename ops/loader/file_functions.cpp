@@ -1,5 +1,7 @@
 // load_file and save_file, compatible with safetensors.torch.
+#include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "format/checkpoint.h"
 #include "format/writer.h"
@@ -25,22 +27,44 @@ std::map<std::string, at::Tensor> load_file(const std::string& file, c10::Device
   return tensors;
 }
 
+std::vector<std::pair<std::string, std::string>> tensors_sharing_memory(
+    const std::map<std::string, at::Tensor>& tensors) {
+  // (device, storage, byte range) of every tensor with bytes.
+  std::vector<std::tuple<std::string, const void*, uint64_t, uint64_t, std::string>> spans;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined() || tensor.is_meta() || tensor.numel() == 0) continue;
+    uint64_t begin = tensor.storage_offset() * tensor.element_size();
+    spans.emplace_back(tensor.device().str(), tensor.storage().data(), begin,
+                       begin + tensor.nbytes(), name);
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<std::pair<std::string, std::string>> shared;
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const auto& a = spans[i - 1];
+    const auto& b = spans[i];
+    if (std::get<0>(a) == std::get<0>(b) && std::get<1>(a) == std::get<1>(b) &&
+        std::get<2>(b) < std::get<3>(a)) {
+      shared.emplace_back(std::get<4>(a), std::get<4>(b));
+    }
+  }
+  return shared;
+}
+
 void save_file(const std::map<std::string, at::Tensor>& tensors, const std::string& file,
                const std::optional<std::map<std::string, std::string>>& metadata) {
   std::vector<at::Tensor> host;  // keeps host copies alive while writing
   std::vector<format::WriterTensor> entries;
-  // (storage, byte range) of every tensor, to refuse shared memory as safetensors does.
-  std::vector<std::tuple<const void*, uint64_t, uint64_t, std::string>> spans;
+  auto shared = tensors_sharing_memory(tensors);
+  if (!shared.empty()) {
+    throw Error(
+        ErrorKind::Argument, file, shared[0].second,
+        "shares memory with tensor '" + shared[0].first + "'; clone one of them before saving");
+  }
   for (const auto& [name, tensor] : tensors) {
     if (!tensor.defined()) throw Error(ErrorKind::Argument, file, name, "undefined tensor");
     if (!tensor.is_contiguous()) {
       throw Error(ErrorKind::Argument, file, name,
                   "tensor is not contiguous; call .contiguous() before saving");
-    }
-    if (tensor.numel() > 0) {
-      const void* base = tensor.storage().data();
-      uint64_t begin = tensor.storage_offset() * tensor.element_size();
-      spans.emplace_back(base, begin, begin + tensor.nbytes(), name);
     }
     at::Tensor on_host = tensor.device().is_cpu() ? tensor : tensor.cpu();
     host.push_back(on_host);
@@ -57,16 +81,6 @@ void save_file(const std::map<std::string, at::Tensor>& tensors, const std::stri
     entry.data = on_host.numel() > 0 ? on_host.data_ptr() : nullptr;
     entry.nbytes = on_host.nbytes();
     entries.push_back(std::move(entry));
-  }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i) {
-    const auto& a = spans[i - 1];
-    const auto& b = spans[i];
-    if (std::get<0>(a) == std::get<0>(b) && std::get<1>(b) < std::get<2>(a)) {
-      throw Error(
-          ErrorKind::Argument, file, std::get<3>(b),
-          "shares memory with tensor '" + std::get<3>(a) + "'; clone one of them before saving");
-    }
   }
   format::write_safetensors(file, entries, metadata ? &*metadata : nullptr);
 }

@@ -141,6 +141,23 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   return value * scale;
 }
 
+double free_memory_share(std::optional<double> given) {
+  if (given) {
+    if (!(*given > 0.0 && *given <= 1.0)) {
+      bad("max_free_mem_usage", std::to_string(*given), "a number in (0, 1]");
+    }
+    return *given;
+  }
+  auto text = env("INSTANTTENSOR_MAX_FREE_MEM_USAGE");
+  if (!text) return kDefaultFreeMemoryShare;
+  char* end = nullptr;
+  double value = std::strtod(text->c_str(), &end);
+  if (text->empty() || *end != '\0' || !(value > 0.0 && value <= 1.0)) {
+    bad("INSTANTTENSOR_MAX_FREE_MEM_USAGE", *text, "a number in (0, 1]");
+  }
+  return value;
+}
+
 ResolvedOptions resolve_options(const OpenOptions& options) {
   ResolvedOptions resolved;
   resolved.device = options.device;
@@ -172,13 +189,7 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
   }
   // INSTANTTENSOR_MAX_FREE_MEM_USAGE only matters on accelerators, but a bad value is still an
   // error at open so a typo never goes unnoticed.
-  if (auto text = env("INSTANTTENSOR_MAX_FREE_MEM_USAGE")) {
-    char* end = nullptr;
-    double value = std::strtod(text->c_str(), &end);
-    if (text->empty() || *end != '\0' || !(value > 0.0 && value <= 1.0)) {
-      bad("INSTANTTENSOR_MAX_FREE_MEM_USAGE", *text, "a number in (0, 1]");
-    }
-  }
+  (void)free_memory_share(std::nullopt);
   return resolved;
 }
 

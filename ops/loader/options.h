@@ -28,6 +28,13 @@ struct ResolvedOptions {
 // the option or variable and the accepted values. Any thread.
 ResolvedOptions resolve_options(const OpenOptions& options);
 
+// The share of an accelerator's free memory the loader may use: `given` (max_free_mem_usage),
+// else INSTANTTENSOR_MAX_FREE_MEM_USAGE, else kDefaultFreeMemoryShare. A value outside (0, 1]
+// is Error(Argument) naming the option or variable. The one parse of both (the Python layer
+// asks for it through torch.ops.instanttensor.free_memory_share). Any thread.
+constexpr double kDefaultFreeMemoryShare = 0.5;
+double free_memory_share(std::optional<double> given);
+
 // Parses a byte count: a positive integer, optionally followed by K, M or G (powers of 1024).
 // `what` names the option or variable in the error.
 uint64_t parse_byte_size(const std::string& text, const std::string& what);

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Union
 
 import torch
+
+from ._errors import engine_errors
+from ._library import load_library
 
 DeviceLike = Union[int, str, torch.device]
 
@@ -42,22 +44,21 @@ def _device_module(device: torch.device) -> Any:
         return None
 
 
-def _free_memory_share(max_free_mem_usage: float | None) -> float:
-    if max_free_mem_usage is not None:
-        return float(max_free_mem_usage)
-    text = os.environ.get("INSTANTTENSOR_MAX_FREE_MEM_USAGE")
-    try:
-        return float(text) if text else 0.5
-    except ValueError:
-        raise ValueError(f"INSTANTTENSOR_MAX_FREE_MEM_USAGE={text!r} is not valid; "
-                         "accepted: a number in (0, 1]") from None
+def free_memory_share(max_free_mem_usage: float | None) -> float:
+    """The share of free accelerator memory the loader may use: `max_free_mem_usage`, else
+    INSTANTTENSOR_MAX_FREE_MEM_USAGE, else 0.5; ValueError naming the one outside (0, 1]. The
+    library's one parse of both."""
+    load_library()
+    given = None if max_free_mem_usage is None else float(max_free_mem_usage)
+    with engine_errors():
+        return torch.ops.instanttensor.free_memory_share(given)
 
 
 def resolve_target(device: torch.device, given: Any,
-                   max_free_mem_usage: float | None) -> tuple[torch.device, int | None]:
+                   free_share: float) -> tuple[torch.device, int | None]:
     """The target with a concrete index (an unindexed accelerator is its current device, read
-    now) and the device memory the loader may use: max_free_mem_usage (default 0.5, or
-    INSTANTTENSOR_MAX_FREE_MEM_USAGE) of what the device module's mem_get_info reports free;
+    now) and the device memory the loader may use: `free_share` (free_memory_share) of what the
+    device module's mem_get_info reports free;
     None for the CPU or a device that cannot say. ValueError naming `given` when the device
     type is not available in this torch."""
     module = _device_module(device)
@@ -72,4 +73,4 @@ def resolve_target(device: torch.device, given: Any,
     if mem_get_info is None:
         return device, None
     free, _ = mem_get_info(device.index)
-    return device, max(1, int(free * _free_memory_share(max_free_mem_usage)))
+    return device, max(1, int(free * free_share))

@@ -1,32 +1,24 @@
-"""Names of element types: torch attribute names <-> safetensors header names."""
+"""Names of element types: torch attribute names <-> safetensors header names.
+
+The table itself is the library's (ops/loader/torch_dtype.cpp), asked for once through
+torch.ops.instanttensor.dtype_table, so the Python package never disagrees with the engine.
+"""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-# torch dtype attribute name -> safetensors dtype name
-TORCH_TO_FORMAT: dict[str, str] = {
-    "bool": "BOOL",
-    "uint8": "U8",
-    "int8": "I8",
-    "float8_e5m2": "F8_E5M2",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e8m0fnu": "F8_E8M0",
-    "float8_e4m3fnuz": "F8_E4M3FNUZ",
-    "float8_e5m2fnuz": "F8_E5M2FNUZ",
-    "int16": "I16",
-    "uint16": "U16",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int32": "I32",
-    "uint32": "U32",
-    "float32": "F32",
-    "complex64": "C64",
-    "float64": "F64",
-    "int64": "I64",
-    "uint64": "U64",
-    "float4_e2m1fn_x2": "F4",
-}
+from ._library import load_library
+
+
+@functools.cache
+def torch_to_format() -> dict[str, str]:
+    """torch dtype attribute name ('bfloat16') -> safetensors dtype name ('BF16')."""
+    load_library()
+    torch_names, format_names = torch.ops.instanttensor.dtype_table()
+    return dict(zip(torch_names, format_names))
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -36,4 +28,4 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def format_name(dtype: torch.dtype) -> str:
     """The safetensors name ('BF16') of a torch dtype."""
-    return TORCH_TO_FORMAT[str(dtype).removeprefix("torch.")]
+    return torch_to_format()[str(dtype).removeprefix("torch.")]

@@ -32,20 +32,11 @@ def load_into(destinations: Mapping[str, torch.Tensor], filename: PathLike | Seq
 
 
 def _shared_groups(tensors: dict[str, torch.Tensor]) -> list[list[str]]:
-    """Names of tensors whose bytes overlap in memory (safetensors refuses to save those)."""
-    spans = []
-    for name, tensor in tensors.items():
-        if tensor.device.type == "meta" or tensor.numel() == 0:
-            continue
-        storage = tensor.untyped_storage()
-        begin = tensor.storage_offset() * tensor.element_size()
-        spans.append((tensor.device, storage.data_ptr(), begin, begin + tensor.nbytes, name))
-    spans.sort(key=lambda s: (str(s[0]), s[1], s[2]))
-    groups = []
-    for previous, current in zip(spans, spans[1:]):
-        if previous[:2] == current[:2] and current[2] < previous[3]:
-            groups.append([previous[4], current[4]])
-    return groups
+    """Names of tensors whose bytes overlap in memory (safetensors refuses to save those), from
+    the library's one check (the C++ save_file makes the same)."""
+    names = list(tensors)
+    flat = torch.ops.instanttensor.shared_tensor_names([tensors[n] for n in names], names)
+    return [[flat[i], flat[i + 1]] for i in range(0, len(flat), 2)]
 
 
 def save_file(

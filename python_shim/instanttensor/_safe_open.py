@@ -8,7 +8,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 import torch
 
-from ._device import DeviceLike, resolve_target, to_device
+from ._device import DeviceLike, free_memory_share, resolve_target, to_device
 from ._dtypes import format_name, torch_dtype
 from ._backends import backend_argument
 from ._errors import engine_errors, translate_error
@@ -153,12 +153,10 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         self._handle = None
         if framework not in ("pt", "torch"):
             raise ValueError(f"framework={framework!r} is not supported; use 'pt'")
-        if max_free_mem_usage is not None and not (0.0 < float(max_free_mem_usage) <= 1.0):
-            raise ValueError(f"max_free_mem_usage={max_free_mem_usage!r} must be in (0, 1]")
+        free_share = free_memory_share(max_free_mem_usage)  # validated for every target
         self._selection = Selection(keys, tensor_filter, tensor_name_match_mode)  # before I/O
         self._files = _paths(filename)  # a new list: the caller's is never sorted in place
-        self._device, device_budget = resolve_target(to_device(device), device,
-                                                     max_free_mem_usage)
+        self._device, device_budget = resolve_target(to_device(device), device, free_share)
         self.copy: bool = bool(copy)
         self.load_now = load_now
         # The engine's arguments but the selection, which may read the headers: at open.
