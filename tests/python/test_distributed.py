@@ -119,14 +119,15 @@ def fault_library() -> str:
     return path
 
 
-def run_ranks(tmp_path, files_per_rank, options, timeout=180, **spec):
+def run_ranks(tmp_path, files_per_rank, options, timeout=180, env=None, **spec):
     world = len(files_per_rank)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     spec.update(files=files_per_rank, options=options, store=str(tmp_path / "store"),
                 out=str(tmp_path / "rank%d.json"))
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), json.dumps(spec)],
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **(env or {})})
              for r in range(world)]
     for proc in procs:
         try:
@@ -324,3 +325,38 @@ def test_load_into_fills_every_destination_on_every_rank(tmp_path, checkpoint):
         assert "error" not in result, result["error"]
         assert result["digests"] == expected
         assert result["stats"]["bytes_read"] == total  # each rank reads what it fills
+
+
+@pytest.mark.parametrize("failure,world,staged", [
+    (None, 2, False), ("read", 2, False), ("read", 3, True), ("changed", 2, False),
+    ("changed", 3, True),
+])
+def test_every_rank_makes_the_same_collectives_in_the_same_order_whatever_fails(
+        tmp_path, checkpoint, failure, world, staged):
+    # The exchange protocol's promise: a failure on one rank changes what every rank does
+    # (they all stop after the same status round), never the sequence of collectives, so no
+    # rank waits in a collective the others skipped. Each rank records its collectives
+    # (test-only INSTANTTENSOR_TESTING_TRACE_COLLECTIVES) through a failed load and a retry.
+    paths, expected, _ = checkpoint
+    trace = str(tmp_path / "collectives")
+    options = {"copy": True, "chunk_size": 4096, "_force_staging": staged}
+    spec = {}
+    files = [paths] * world
+    if failure == "read":
+        spec = dict(fault_rank=1, fault_read=3, testing_library=fault_library())
+    elif failure == "changed":
+        files = copies_per_rank(tmp_path, paths, world)
+        spec = dict(break_rank=1)
+    results = run_ranks(tmp_path, files, options, timeout=120, retry=True,
+                        retry_files=[paths] * world,
+                        env={"INSTANTTENSOR_TESTING_TRACE_COLLECTIVES": trace}, **spec)
+    sequences = [open(f"{trace}.rank{rank}").read().splitlines() for rank in range(world)]
+    assert "handshake" in sequences[0] and "status" in sequences[0]
+    for rank in range(1, world):
+        assert sequences[rank] == sequences[0], (rank, sequences[0], sequences[rank])
+    for result in results:
+        if failure:
+            assert result.get("error"), result
+            assert result["retry"].get("digests") == expected, result["retry"]
+        else:
+            assert result.get("digests") == expected, result
