@@ -133,7 +133,7 @@ def direct_read_gbps(files) -> float | str:
 
 def evict(files) -> float:
     """Dirty pages written first, then dropped; returns the largest residency left."""
-    from instanttensor.bench import evict as drop
+    from instanttensor._demo_bench import evict as drop
 
     os.sync()
     return drop(files)

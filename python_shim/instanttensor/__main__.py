@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 import tempfile
@@ -24,12 +25,13 @@ PATHS = {
 def _demo(args: argparse.Namespace) -> int:
     import torch
 
-    from . import bench
+    from . import _demo_bench
     from ._demo_checkpoint import write_model_like_checkpoint
 
-    folder = args.dir or os.path.join(tempfile.gettempdir(), "instanttensor-demo")
+    folder = args.checkpoint or args.dir or os.path.join(tempfile.gettempdir(),
+                                                         "instanttensor-demo")
     marker = os.path.join(folder, f".complete-{args.size_mb}")
-    if not os.path.exists(marker):
+    if not args.checkpoint and not os.path.exists(marker):
         print(f"writing a {args.size_mb} MB model-like checkpoint to {folder} ...", flush=True)
         for old in os.listdir(folder) if os.path.isdir(folder) else []:
             os.remove(os.path.join(folder, old))
@@ -43,13 +45,16 @@ def _demo(args: argparse.Namespace) -> int:
         import safetensors  # noqa: F401
     except ImportError:
         names.remove("safetensors safe_open")
-    run_args = argparse.Namespace(
-        checkpoint=folder, samples=args.samples, modes="cold,warm", json=args.json, ranks=0,
-        only=",".join(names + ["baseline (torch + destinations)"]), size_gb=None, dir=None)
-    code = bench.run(run_args)
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no .safetensors files in {folder}")
+    code = _demo_bench.run_table(files, names + ["baseline (torch + destinations)"], args.samples,
+                                 ["cold", "warm"], args.json, _demo_bench.sample)
     print("\nwhat each path is for:")
     for name in names:
         print(f"  {name:30s} {PATHS[name]}")
+    print("\npeers (fastsafetensors, runai), physical ceilings, ranks and scenarios: "
+          "benchmarks/bench.py in the repository (benchmarks/README.md)")
     return code
 
 
@@ -68,22 +73,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m instanttensor")
     commands = parser.add_subparsers(dest="command")
     demo = commands.add_parser("demo", help="write a model-like checkpoint and load it (default)")
-    demo.add_argument("--size-mb", type=int, default=256)
-    demo.add_argument("--dir", default=None, help="where to keep the checkpoint")
-    demo.add_argument("--samples", type=int, default=3)
-    demo.add_argument("--json", default=None, help="also write the results as JSON here")
-    from . import bench
-
-    bench.add_arguments(commands.add_parser("bench", help="benchmark against peers and ceilings"))
+    bench = commands.add_parser("bench", help="the demo's comparison, on a checkpoint of yours "
+                                "(--checkpoint DIR) or a generated one")
+    for parser_of in (demo, bench):
+        parser_of.add_argument("--size-mb", type=int, default=256)
+        parser_of.add_argument("--dir", default=None, help="where to keep the checkpoint")
+        parser_of.add_argument("--checkpoint", default=None,
+                               help="a folder of .safetensors files to load instead")
+        parser_of.add_argument("--samples", type=int, default=3)
+        parser_of.add_argument("--json", default=None, help="also write the results as JSON here")
     inspect = commands.add_parser("inspect", help="list the tensors of safetensors files")
     inspect.add_argument("files", nargs="+")
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ("demo", "bench", "inspect", "-h", "--help"):
+        argv = ["demo"] + argv  # the demo is the default command, with its own options
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["demo"] + (argv or []))
     try:
-        if args.command == "bench":
-            return bench.run(args)
-        return _demo(args) if args.command == "demo" else _inspect(args)
+        return _demo(args) if args.command in ("demo", "bench") else _inspect(args)
     except (OSError, ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
