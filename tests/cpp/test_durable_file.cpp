@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "format/durable_file.h"
+#include "helper_files.h"
 #include "instanttensor/error.h"
-#include "test_files.h"
 
 namespace instanttensor {
 namespace {

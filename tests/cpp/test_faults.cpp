@@ -4,9 +4,9 @@
 #include <instanttensor/instanttensor.h>
 #include <unistd.h>
 
+#include "helper_files.h"
+#include "helper_models.h"
 #include "io/fault_injection.h"
-#include "test_files.h"
-#include "test_models.h"
 
 namespace instanttensor {
 namespace {

@@ -11,8 +11,8 @@
 #include "format/checkpoint.h"
 #include "format/header.h"
 #include "format/writer.h"
+#include "helper_files.h"
 #include "instanttensor/error.h"
-#include "test_files.h"
 
 namespace instanttensor {
 namespace {

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "test_files.h"
+#include "helper_files.h"
 
 namespace instanttensor {
 namespace {

@@ -8,12 +8,12 @@
 
 #include "format/checkpoint.h"
 #include "format/writer.h"
+#include "helper_files.h"
 #include "instanttensor/error.h"
 #include "io/direct_io.h"
 #include "io/read_backend.h"
 #include "plan/read_plan.h"
 #include "pool/ring_allocator.h"
-#include "test_files.h"
 
 namespace instanttensor {
 namespace {

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 #include <instanttensor/instanttensor.h>
 
-#include "test_files.h"
-#include "test_models.h"
+#include "helper_files.h"
+#include "helper_models.h"
 
 namespace instanttensor {
 namespace {

@@ -3,7 +3,7 @@
 #include <instanttensor/instanttensor.h>
 #include <torch/script.h>
 
-#include "test_files.h"
+#include "helper_files.h"
 
 namespace instanttensor {
 namespace {

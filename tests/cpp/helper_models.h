@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "test_files.h"
+#include "helper_files.h"
 
 namespace instanttensor::testing {
 

@@ -7,7 +7,7 @@
 
 #include <cstdlib>
 
-#include "test_files.h"
+#include "helper_files.h"
 
 namespace instanttensor {
 namespace {

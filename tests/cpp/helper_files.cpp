@@ -1,4 +1,4 @@
-#include "test_files.h"
+#include "helper_files.h"
 
 #include <dirent.h>
 #include <stdlib.h>

@@ -1,0 +1,104 @@
+// DeviceStage and the StagingStream (loader/device_stage.h, loader/staging_stream.h) with a CPU
+// target, the same code an accelerator runs: slices read into a small staging ring are copied to
+// their destinations in submission order, the oldest copied slice is freed to make room, a full
+// ring of waiting slices refuses more, and a dropped slice is never copied.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "helper_files.h"
+#include "io/io_setup.h"
+#include "loader/device_stage.h"
+#include "loader/read_scheduler.h"
+#include "loader/read_tags.h"
+#include "loader/staging_stream.h"
+
+namespace instanttensor::loader {
+namespace {
+
+struct Fixture {
+  testing::TempDir dir;
+  std::string path = dir.file("bytes.bin");
+  std::string bytes;
+  int fd = -1;
+  std::unique_ptr<io::IoSetup> io;
+  Stats stats;
+  std::unique_ptr<ReadScheduler> reads;
+  Fixture() {
+    for (int i = 0; i < (64 << 10); ++i) bytes.push_back(static_cast<char>(i * 13 + 1));
+    testing::write_bytes(path, bytes);
+    fd = ::open(path.c_str(), O_RDONLY);
+    io = std::make_unique<io::IoSetup>(std::vector<std::string>{"pread"},
+                                       std::vector<io::FileToRead>{{path, fd, bytes.size()}});
+    reads = std::make_unique<ReadScheduler>(*io, 2, 4, 4096, stats);
+  }
+  ~Fixture() {
+    reads.reset();
+    io.reset();
+    ::close(fd);
+  }
+  void land(StagingStream& stream) {
+    while (!reads->done(stream.oldest_tag())) reads->wait_one();
+    reads->forget(stream.oldest_tag());
+    stream.copy_oldest();
+  }
+};
+
+TEST(DeviceStage, CopiesAndOwnedAllocationsOnTheTarget) {
+  DeviceStage stage(c10::Device(c10::DeviceType::CPU), 4096, 64, 0);
+  std::vector<uint8_t> from(100, 7), to(100, 0);
+  stage.copy_to_device(from.data(), to.data(), from.size()).wait("staging_reuse");
+  EXPECT_EQ(to, from);
+  c10::DataPtr owned = stage.allocate_owned(256);
+  ASSERT_NE(owned.get(), nullptr);
+  EXPECT_TRUE(owned.device().is_cpu());
+  c10::DataPtr copy = stage.copy_on_device(from.data(), from.size());
+  EXPECT_EQ(std::memcmp(copy.get(), from.data(), from.size()), 0);
+  EXPECT_EQ(stage.close(), 0u);
+}
+
+TEST(StagingStream, SlicesLandInOrderThroughARingThatWraps) {
+  Fixture f;
+  DeviceStage stage(c10::Device(c10::DeviceType::CPU), 8192, 64, 0);  // two 4 KiB slices
+  StagingStream stream(stage, *f.reads);
+  std::vector<uint8_t> destination(f.bytes.size(), 0);
+  uint64_t sequence = 0;
+  for (uint64_t offset = 0; offset < f.bytes.size(); offset += 4096) {
+    auto range = plan::align_range(offset, 4096, 1);
+    while (!stream.submit(0, range, destination.data() + offset, read_tags::load_into(sequence))) {
+      ASSERT_GT(stream.waiting(), 0u);  // refused only while every slice waits for its copy
+      f.land(stream);
+    }
+    ++sequence;
+    EXPECT_LE(stream.waiting(), 2u);
+  }
+  while (stream.waiting() > 0) f.land(stream);
+  stream.release_all();
+  EXPECT_EQ(std::memcmp(destination.data(), f.bytes.data(), f.bytes.size()), 0);
+  EXPECT_TRUE(stage.staging().regions().empty());
+}
+
+TEST(StagingStream, ADroppedSliceIsNeverCopiedAndItsSpaceIsFreed) {
+  Fixture f;
+  DeviceStage stage(c10::Device(c10::DeviceType::CPU), 8192, 64, 0);
+  StagingStream stream(stage, *f.reads);
+  std::vector<uint8_t> destination(8192, 0);
+  ASSERT_TRUE(stream.submit(0, plan::align_range(0, 4096, 1), destination.data(), 1));
+  ASSERT_TRUE(stream.submit(0, plan::align_range(4096, 4096, 1), destination.data() + 4096, 2));
+  EXPECT_FALSE(stream.submit(0, plan::align_range(0, 4096, 1), destination.data(), 3));
+  f.reads->drain();  // an abandoned pass: its reads are waited for, nothing is copied
+  stream.forget_waiting();
+  EXPECT_EQ(stream.waiting(), 0u);
+  EXPECT_TRUE(stream.submit(0, plan::align_range(0, 4096, 1), destination.data(), 4));
+  while (!f.reads->done(4)) f.reads->wait_one();
+  stream.drop_oldest();
+  stream.release_all();
+  EXPECT_EQ(destination, std::vector<uint8_t>(8192, 0));
+}
+
+}  // namespace
+}  // namespace instanttensor::loader
