@@ -21,39 +21,55 @@
 namespace instanttensor {
 
 // Explicit options; an unset field falls back to its INSTANTTENSOR_* environment variable (read
-// once, when the checkpoint is opened), then to a default derived from the checkpoint.
+// once, when the checkpoint is opened), then to the default stated here.
 struct OpenOptions {
+  // Where tensors land. Default: the CPU. An accelerator without an index means its current
+  // device, resolved at open.
   c10::Device device = c10::Device(c10::DeviceType::CPU);
-  // true: every tensor owns exactly its bytes. false: tensors borrow pool memory (see SafeOpen).
+  // true (default): every tensor owns exactly its bytes. false: tensors borrow ring memory
+  // (safe borrowing: see SafeOpen).
   bool copy = true;
-  // Only these tensors are planned and read; unknown names are Error(Key).
+  // Only these tensors are planned and read; unknown names are Error(Key). Default: all.
   std::optional<std::vector<std::string>> keys;
-  // copy=false: bytes of the borrow pool (must hold the largest selected tensor).
-  // copy=true: bytes read ahead of the consumer.
+  // copy=false or a process group: bytes of the borrow ring (on the device for accelerators;
+  // must hold the largest selected tensor). Default: 2 x (largest tensor + alignment) + 256 MiB,
+  // at most what the selection needs, within device_budget. copy=true: bytes read ahead of the
+  // consumer. Default: 256 MiB, or the selected bytes if fewer. INSTANTTENSOR_BUFFER_SIZE.
   std::optional<int64_t> buffer_size;
-  std::optional<int64_t> chunk_size;   // bytes per read request
-  std::optional<int64_t> concurrency;  // read worker threads
-  std::optional<int64_t> io_depth;     // read requests kept in flight
-  std::optional<std::string> backend;  // comma list, preferred first: auto, pread, buffered, ...
-  // Distributed loading: with a group of more than one rank (a CPU backend such as gloo), each
-  // rank reads about 1/world of the bytes and iteration hands every rank every tensor. All ranks
-  // must open the same files and keys (checked up front) and iterate in step.
+  // Bytes per read request. Default: 8 MiB (rounded up to the O_DIRECT alignment).
+  std::optional<int64_t> chunk_size;
+  // Read worker threads. Default: 4, at most the core count for buffered reads and mapping
+  // copies; 0 (reads on the calling thread) for selections of 8 MiB or less without a group.
+  std::optional<int64_t> concurrency;
+  // Reads in flight on io_uring (the pread pool keeps one per worker). Default: 32.
+  std::optional<int64_t> io_depth;
+  // Comma list, preferred first, any case: auto, pread, buffered, direct, uring, uring_buffered,
+  // mmap, or upstream's AIO, AIO_BUFFERED, URING, URING_BUFFERED, MMAP, CUFILE, BUFFERED.
+  // Default: auto (O_DIRECT when under half of the files is cached, else buffered; never mmap).
+  std::optional<std::string> backend;
+  // Distributed loading. Default: none. With a group of more than one rank that has a backend
+  // for the target's device type (gloo for CPU targets, NCCL or gloo for accelerators), each
+  // rank reads about 1/world of the bytes and iteration hands every rank every tensor; without
+  // such a backend every rank reads everything (a warning). All ranks must open the same files
+  // and selection with the same layout options (checked up front) and iterate in step.
   c10::intrusive_ptr<c10d::ProcessGroup> process_group;
   // Staged transfer (always used for accelerator targets): reads land in a host staging ring of
-  // staging_size bytes (pinned for accelerators; default: the largest tensor + 64 MiB) and are
-  // copied to the device on the loader's stream. force_staging takes that path for a CPU target
-  // too, so the whole transfer stage runs (and is tested) without an accelerator.
+  // staging_size bytes (pinned for accelerators; default: 64 MiB, at least 32 KiB) and are
+  // copied to the device on the loader's stream. force_staging (default false) takes that path
+  // for a CPU target too, so the whole transfer stage runs (and is tested) without an
+  // accelerator.
   bool force_staging = false;
   std::optional<int64_t> staging_size;
-  // Bytes of device memory the loader may use (the Python layer passes max_free_mem_usage x free
-  // memory). copy=false: buffer_size must fit; a tensor larger than the budget is Error(Argument)
-  // naming it, before anything is allocated, or with host_fallback a CPU tensor.
+  // Bytes of device memory the loader may use. Default: unlimited (the Python layer passes
+  // max_free_mem_usage x free memory). copy=false: buffer_size must fit; a tensor larger than the
+  // budget is Error(Argument) naming it, before anything is allocated, or with host_fallback
+  // (default false) a CPU tensor.
   std::optional<int64_t> device_budget;
   bool host_fallback = false;
   // What opening warns about (a process group that cannot exchange for this target, so every
-  // rank reads everything) is kept in SafeOpen::warnings(); with print_warnings it also goes to
-  // c10's warning handler once per process (stderr in a C++ program). The Python layer turns
-  // warnings() into Python warnings instead.
+  // rank reads everything) is kept in SafeOpen::warnings(); with print_warnings (default true)
+  // it also goes to c10's warning handler once per process (stderr in a C++ program). The
+  // Python layer turns warnings() into Python warnings instead.
   bool print_warnings = true;
 };
 

@@ -22,13 +22,17 @@ std::optional<std::string> env(const char* name) {
               what + "='" + value + "' is not valid; accepted: " + accepted);
 }
 
+// One rule for the explicit option and its variable: a positive integer (a byte count with an
+// optional suffix when `byte_size`; else at most `max`).
 uint64_t positive(std::optional<int64_t> explicit_value, const char* option, const char* variable,
-                  bool byte_size) {
+                  bool byte_size, long long max = 1 << 20) {
   const std::string accepted =
       byte_size ? "a positive integer number of bytes, optionally with a K, M or G suffix"
-                : "a positive integer";
+                : "an integer from 1 to " + std::to_string(max);
   if (explicit_value) {
-    if (*explicit_value <= 0) bad(option, std::to_string(*explicit_value), accepted);
+    if (*explicit_value <= 0 || (!byte_size && *explicit_value > max)) {
+      bad(option, std::to_string(*explicit_value), accepted);
+    }
     return static_cast<uint64_t>(*explicit_value);
   }
   auto text = env(variable);
@@ -37,7 +41,7 @@ uint64_t positive(std::optional<int64_t> explicit_value, const char* option, con
   char* end = nullptr;
   errno = 0;
   long long value = std::strtoll(text->c_str(), &end, 10);
-  if (text->empty() || *end != '\0' || errno != 0 || value <= 0 || value > (1 << 20) ||
+  if (text->empty() || *end != '\0' || errno != 0 || value <= 0 || value > max ||
       !std::isdigit(static_cast<unsigned char>((*text)[0]))) {
     bad(variable, *text, accepted);
   }
@@ -168,12 +172,9 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
   resolved.chunk_size =
       positive(options.chunk_size, "chunk_size", "INSTANTTENSOR_CHUNK_SIZE", true);
   resolved.concurrency = static_cast<int>(
-      positive(options.concurrency, "concurrency", "INSTANTTENSOR_CONCURRENCY", false));
+      positive(options.concurrency, "concurrency", "INSTANTTENSOR_CONCURRENCY", false, 1024));
   resolved.io_depth =
       static_cast<int>(positive(options.io_depth, "io_depth", "INSTANTTENSOR_IO_DEPTH", false));
-  if (options.concurrency && *options.concurrency > 1024) {
-    bad("concurrency", std::to_string(*options.concurrency), "an integer from 1 to 1024");
-  }
   if (options.backend) {
     resolved.backends = parse_backends(*options.backend, "backend");
   } else if (auto text = env("INSTANTTENSOR_BACKEND")) {
