@@ -103,14 +103,17 @@ MatchedDestinations match_destinations(const format::Checkpoint& checkpoint,
   if (strict && (!matched.result.missing_keys.empty() || !matched.result.unexpected_keys.empty())) {
     std::string message = "load_into (strict):";
     if (!matched.result.missing_keys.empty()) {
-      message += " " + std::to_string(matched.result.missing_keys.size()) +
-                 " destination(s) with no tensor in the checkpoint: " +
-                 some_names(matched.result.missing_keys) + ";";
+      // Appended piece by piece: GCC 12's -Wrestrict misfires on `" " + std::string` (C++20).
+      message += ' ';
+      message += std::to_string(matched.result.missing_keys.size());
+      message += " destination(s) with no tensor in the checkpoint: ";
+      message += some_names(matched.result.missing_keys) + ";";
     }
     if (!matched.result.unexpected_keys.empty()) {
-      message += " " + std::to_string(matched.result.unexpected_keys.size()) +
-                 " tensor(s) of the checkpoint with no destination: " +
-                 some_names(matched.result.unexpected_keys) + ";";
+      message += ' ';
+      message += std::to_string(matched.result.unexpected_keys.size());
+      message += " tensor(s) of the checkpoint with no destination: ";
+      message += some_names(matched.result.unexpected_keys) + ";";
     }
     message += " pass strict=False to fill the names both sides have";
     throw Error(ErrorKind::Key, first_file, "", message);

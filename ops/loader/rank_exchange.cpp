@@ -135,7 +135,13 @@ void RankExchange::gather(at::Tensor unit) {
     std::vector<at::Tensor> share = {unit.narrow(0, root * slice, slice)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    trace(rank_, "broadcast " + std::to_string(root) + " " + std::to_string(slice));
+    if (kTracePrefix != nullptr) {
+      std::string line = "broadcast ";  // appended: GCC 12's -Wrestrict misfires on `" " + s`
+      line += std::to_string(root);
+      line += ' ';
+      line += std::to_string(slice);
+      trace(rank_, line);
+    }
     in_flight_.push_back(backend_->broadcast(share, options));
   }
 }
