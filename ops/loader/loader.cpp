@@ -42,6 +42,7 @@ void Loader::leave_parent_work_behind() {
   // The parent's workers are gone: their backend is leaked, never joined, and its reads are
   // never waited for. The next read starts workers of this process.
   reads_->abandon_after_fork();
+  whole_groups_->reset();
   shares_->reset();
   // A parent thread may have held the pool's lock at the fork; tensors handed out before it
   // keep the old pool (their deleters), new ones use a fresh one.

@@ -13,6 +13,7 @@
 #include "loader/device_stage.h"
 #include "loader/exchange_protocol.h"
 #include "loader/fork_safety.h"
+#include "loader/group_feed.h"
 #include "loader/load_mode.h"
 #include "loader/options.h"
 #include "loader/pass_state.h"
@@ -28,8 +29,8 @@ namespace instanttensor {
 
 // Opens a checkpoint, chooses its load mode (loader/load_mode.h) once, composes the parts of
 // ops/loader for that mode, runs the pass and answers queries. Each read group of the plan goes
-// through: place (Placement: owned memory or a ring region) -> submit (the whole group, or this
-// rank's shares: ShareFeed, through the StagingStream to a device) -> land -> exchange
+// through: place (Placement: owned memory or a ring region) -> submit and land (a GroupFeed:
+// the whole group, or this rank's shares through the StagingStream to a device) -> exchange
 // (ExchangeProtocol) -> hand out (TensorFactory: owned, borrowed, or an owned copy). Random
 // access (RandomAccess) and load_into share the read scheduler, with their own read tags.
 //
@@ -92,8 +93,9 @@ class Loader {
   void pump();
   loader::Placement& placement_for(loader::Destination where);
   bool place_group(size_t group, bool force);
-  void submit_group(size_t group);
-  void land_shares();
+  // Lands what both feeds have finished; a read failure (of a group up to `waited`) fails the
+  // pass.
+  void land(size_t waited);
   // Waits until `units` units of `group` have landed (all of them for SIZE_MAX).
   void wait_until_landed(size_t group, size_t units = SIZE_MAX);
   // Places and submits the group of `item`; waits for it to land unless `wait` is false.
@@ -128,6 +130,7 @@ class Loader {
   std::unique_ptr<loader::TensorFactory> factory_;
   std::unique_ptr<loader::RandomAccess> random_;
   std::unique_ptr<loader::StagingStream> staging_;  // staged only
+  std::unique_ptr<loader::WholeGroupFeed> whole_groups_;
   std::unique_ptr<loader::ShareFeed> shares_;
   std::unique_ptr<loader::OwnedPlacement> host_owned_;
   std::unique_ptr<loader::OwnedPlacement> device_owned_;

@@ -179,7 +179,8 @@ void Loader::compose_parts() {
         std::make_unique<loader::RingPlacement>(plan_, stage_->device_ring(), padding, stats_);
   }
   host_owned_ = std::make_unique<loader::OwnedPlacement>(plan_, recycled_, nullptr, bound, stats_);
-  shares_ = std::make_unique<loader::ShareFeed>(plan_, *reads_, staging_.get(),
+  whole_groups_ = std::make_unique<loader::WholeGroupFeed>(plan_, mode_, *reads_);
+  shares_ = std::make_unique<loader::ShareFeed>(plan_, mode_, *reads_, staging_.get(),
                                                 exchange_ ? exchange_->rank() : 0, stats_);
   factory_ = std::make_unique<loader::TensorFactory>(*plan_.checkpoint, stage_.get(), stats_);
   random_ = std::make_unique<loader::RandomAccess>(plan_, mode_, options_.device, device_budget_,

@@ -23,6 +23,7 @@ namespace read_tags = loader::read_tags;
 void Loader::drain_in_flight() noexcept {
   // Reads of an abandoned pass still target its memory: finish them before anything is reused.
   reads_->drain();
+  whole_groups_->reset();
   shares_->reset();
 }
 
@@ -90,26 +91,18 @@ bool Loader::place_group(size_t g, bool force) {
   return placement_for(state.where).place(g, pass_, force);
 }
 
-void Loader::submit_group(size_t g) {
-  loader::GroupState& state = pass_.groups[g];
-  if (state.landed || mode_.uses_shares(state.where)) return;  // shares: the ShareFeed
-  // The whole group, read by this rank (single-process, local fallback, host-fallback tensor).
-  if (reads_->submit(plan_.reads.groups[g].file_index, state.range, state.dest - state.range.prefix,
-                     read_tags::group(g)) == 0) {
-    state.landed = true;
-  }
-}
-
 void Loader::pump() {
   while (pass_.next_group < plan_.reads.groups.size()) {
     if (!place_group(pass_.next_group, /*force=*/false)) break;
-    submit_group(pass_.next_group++);
+    pass_.next_group++;
   }
-  shares_->submit_placed(mode_, pass_);
+  whole_groups_->submit_placed(pass_);
+  shares_->submit_placed(pass_);
 }
 
-void Loader::land_shares() {
-  if (auto failure = shares_->land(pass_)) fail_pass(std::move(*failure));
+void Loader::land(size_t waited) {
+  if (auto failure = whole_groups_->land(pass_, waited)) fail_pass(std::move(*failure));
+  if (auto failure = shares_->land(pass_, waited)) fail_pass(std::move(*failure));
 }
 
 void Loader::fail_pass(Error error) {
@@ -121,7 +114,8 @@ void Loader::fail_pass(Error error) {
 void Loader::check_pass_reads() {
   auto failed = reads_->first_failed_tag();
   if (!failed || !read_tags::of_the_pass(*failed)) return;
-  size_t group = read_tags::is_share(*failed) ? shares_->group_of(*failed).value_or(0) : *failed;
+  size_t group = shares_->group_of(*failed).value_or(
+      whole_groups_->group_of(*failed).value_or(read_tags::is_group(*failed) ? *failed : 0));
   const auto& first = plan_.first_tensor(group);
   fail_pass(read_failure_error(*reads_->failure(*failed), plan_.file_of(first), first.name()));
 }
@@ -131,17 +125,10 @@ void Loader::wait_until_landed(size_t g, size_t units) {
   loader::GroupState& state = pass_.groups[g];
   auto enough = [&] { return state.landed || (units != SIZE_MAX && state.units_landed >= units); };
   while (true) {
-    land_shares();
-    if (!state.landed && !mode_.uses_shares(state.where) && reads_->done(read_tags::group(g))) {
-      auto failure = reads_->failure(read_tags::group(g));
-      reads_->forget(read_tags::group(g));
-      const auto& first = plan_.first_tensor(g);
-      if (failure) fail_pass(read_failure_error(*failure, plan_.file_of(first), first.name()));
-      state.landed = true;
-    }
+    land(g);
     if (enough()) break;
     pump();  // staging space freed by copies lets more shares in
-    land_shares();
+    land(g);
     if (enough()) break;
     if (reads_->in_flight() == 0) {
       throw Error(ErrorKind::Io, plan_.file_of(plan_.first_tensor(g)), plan_.first_tensor(g).name(),
@@ -175,7 +162,7 @@ void Loader::make_ready(size_t item, bool wait) {
       throw Error(ErrorKind::Io, plan_.file_of(t), t.name(),
                   "internal: no room in the borrow buffer");
     }
-    submit_group(pass_.next_group++);
+    pass_.next_group++;
     pump();
   }
   if (wait) wait_until_landed(g);

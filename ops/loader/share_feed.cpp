@@ -12,10 +12,10 @@ void ShareFeed::reset() {
   if (staging_) staging_->forget_waiting();
 }
 
-void ShareFeed::submit_placed(const LoadMode& mode, PassState& pass) {
+void ShareFeed::submit_placed(PassState& pass) {
   while (cursor_ < pass.next_group) {
     GroupState& state = pass.groups[cursor_];
-    if (!state.landed && mode.uses_shares(state.where) && !submit(cursor_, state)) return;
+    if (!state.landed && mode_.uses_shares(state.where) && !submit(cursor_, state)) return;
     ++cursor_;
   }
 }
@@ -51,7 +51,7 @@ bool ShareFeed::submit(size_t g, GroupState& state) {
   return true;
 }
 
-std::optional<Error> ShareFeed::land(PassState& pass) {
+std::optional<Error> ShareFeed::land(PassState& pass, size_t /*waited*/) {
   while (!submitted_.empty()) {
     Share& share = submitted_.front();
     GroupState& state = pass.groups[share.group];
@@ -78,6 +78,7 @@ std::optional<Error> ShareFeed::land(PassState& pass) {
 }
 
 std::optional<size_t> ShareFeed::group_of(uint64_t tag) const {
+  if (!read_tags::is_share(tag)) return std::nullopt;
   for (const auto& share : submitted_) {
     if (share.tag == tag) return share.group;
   }

@@ -8,31 +8,29 @@
 #include <optional>
 
 #include "instanttensor/instanttensor.h"
+#include "loader/group_feed.h"
 #include "loader/pass_state.h"
 #include "loader/read_scheduler.h"
 #include "loader/staging_stream.h"
 
 namespace instanttensor::loader {
 
-class ShareFeed {
+class ShareFeed : public GroupFeed {
  public:
-  // `staging`: null when shares are read in place (host exchange). `rank`: this rank's slice of
-  // each unit (0 for one process). Everything referenced outlives this object. Consumer thread.
-  ShareFeed(const PassPlan& plan, ReadScheduler& reads, StagingStream* staging, int rank,
-            Stats& stats)
-      : plan_(plan), reads_(reads), staging_(staging), rank_(rank), stats_(stats) {}
+  // Serves the groups that use shares (mode.uses_shares). `staging`: null when shares are read in
+  // place (host exchange). `rank`: this rank's slice of each unit (0 for one process).
+  // Everything referenced outlives this object. Consumer thread.
+  ShareFeed(const PassPlan& plan, const LoadMode& mode, ReadScheduler& reads,
+            StagingStream* staging, int rank, Stats& stats)
+      : plan_(plan), mode_(mode), reads_(reads), staging_(staging), rank_(rank), stats_(stats) {}
 
-  // Forgets every share submitted (their reads were drained: a new or abandoned pass).
-  void reset();
-  // Submits the shares of groups placed so far (those before `pass.next_group`) that use shares,
-  // in order, while there is room.
-  void submit_placed(const LoadMode& mode, PassState& pass);
-  // Lands finished shares in order (copies staged ones to the device), counting the units landed
-  // in each group; never waits. Returns the first read failure, as an Error naming the file and
-  // the group's first tensor.
-  std::optional<Error> land(PassState& pass);
-  // The group of a share's read tag, if it is still waiting.
-  std::optional<size_t> group_of(uint64_t tag) const;
+  void reset() override;
+  // Submits shares while the staging ring has room (in place: all of them).
+  void submit_placed(PassState& pass) override;
+  // Lands finished shares in order (copies staged ones to the device), counting the units
+  // landed in each group; reports a failed share whatever group it is of.
+  std::optional<Error> land(PassState& pass, size_t waited) override;
+  std::optional<size_t> group_of(uint64_t tag) const override;
 
  private:
   // Submits shares of `g` while there is room; true once all are submitted.
@@ -46,6 +44,7 @@ class ShareFeed {
     bool staged = false;  // in the staging stream until copied
   };
   const PassPlan& plan_;
+  const LoadMode& mode_;
   ReadScheduler& reads_;
   StagingStream* staging_;
   int rank_;
