@@ -54,12 +54,6 @@ void save_file(const std::map<std::string, at::Tensor>& tensors, const std::stri
                const std::optional<std::map<std::string, std::string>>& metadata) {
   std::vector<at::Tensor> host;  // keeps host copies alive while writing
   std::vector<format::WriterTensor> entries;
-  auto shared = tensors_sharing_memory(tensors);
-  if (!shared.empty()) {
-    throw Error(
-        ErrorKind::Argument, file, shared[0].second,
-        "shares memory with tensor '" + shared[0].first + "'; clone one of them before saving");
-  }
   for (const auto& [name, tensor] : tensors) {
     if (!tensor.defined()) throw Error(ErrorKind::Argument, file, name, "undefined tensor");
     if (!tensor.is_contiguous()) {
@@ -81,6 +75,12 @@ void save_file(const std::map<std::string, at::Tensor>& tensors, const std::stri
     entry.data = on_host.numel() > 0 ? on_host.data_ptr() : nullptr;
     entry.nbytes = on_host.nbytes();
     entries.push_back(std::move(entry));
+  }
+  auto shared = tensors_sharing_memory(tensors);
+  if (!shared.empty()) {
+    throw Error(
+        ErrorKind::Argument, file, shared[0].second,
+        "shares memory with tensor '" + shared[0].first + "'; clone one of them before saving");
   }
   format::write_safetensors(file, entries, metadata ? &*metadata : nullptr);
 }

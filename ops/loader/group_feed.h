@@ -40,8 +40,9 @@ class WholeGroupFeed : public GroupFeed {
       : plan_(plan), mode_(mode), reads_(reads) {}
   void reset() override;
   void submit_placed(PassState& pass) override;
-  // A failed group after `waited` stays unreported until it is waited for (the groups before
-  // it are still handed out).
+  // A failed group after `waited` is not reported here (the groups before it land and are
+  // handed out); the pass still fails on it as soon as the consumer has to wait for a read and
+  // the scheduler reports it (Loader::check_pass_reads), as before the split.
   std::optional<Error> land(PassState& pass, size_t waited) override;
   std::optional<size_t> group_of(uint64_t tag) const override;
 

@@ -100,7 +100,6 @@ void Loader::pump() {
     // with copy=True in interleaved runs (benchmarks/ab_installs.py); this order, 0.96-1.09x.
     whole_groups_->submit_placed(pass_);
   }
-  whole_groups_->submit_placed(pass_);  // a group placed by force (make_ready) before this call
   shares_->submit_placed(pass_);
 }
 
@@ -167,6 +166,7 @@ void Loader::make_ready(size_t item, bool wait) {
                   "internal: no room in the borrow buffer");
     }
     pass_.next_group++;
+    whole_groups_->submit_placed(pass_);  // its read starts before anything else is placed
     pump();
   }
   if (wait) wait_until_landed(g);
