@@ -45,6 +45,8 @@ class Checkpoint {
   Checkpoint& operator=(const Checkpoint&) = delete;
 
   const std::vector<CheckpointFile>& files() const { return files_; }
+  // The path of the file holding `t` (for errors naming the file and the tensor).
+  const std::string& path_of(const IndexedTensor& t) const { return files_[t.file_index].path; }
   // All tensors in storage order: files in path order, then by offset.
   const std::vector<IndexedTensor>& tensors() const { return tensors_; }
   // Index into tensors() for a name; throws Error(Key) naming the name when absent.

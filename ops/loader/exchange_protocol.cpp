@@ -3,17 +3,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 
-#include <chrono>
-
 #include "loader/storage_views.h"
+#include "loader/timing.h"
 
 namespace instanttensor::loader {
-
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-}  // namespace
 
 uint64_t layout_digest(const format::Checkpoint& checkpoint, const std::vector<size_t>& selected,
                        const LayoutOptions& options) {
@@ -85,7 +78,7 @@ void ExchangeProtocol::exchange_group(size_t g, const PassPlan& plan, GroupState
         failure = e;
       }
     }
-    auto start = std::chrono::steady_clock::now();
+    auto start = Clock::now();
     exchange_.check_statuses(failure, file);
     stats.exchange_seconds += seconds_since(start);
     auto unit = plan.memory.layout.unit(group.length, u);

@@ -21,18 +21,10 @@ namespace instanttensor::loader {
 
 namespace {
 
-const std::string& file_of(const format::Checkpoint& checkpoint, const format::IndexedTensor& t) {
-  return checkpoint.files()[t.file_index].path;
-}
-
-uint64_t round_up(uint64_t value, uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
 bool congruent_for_direct(const io::IoSetup& io, const format::IndexedTensor& t, uint8_t* to) {
   const uint64_t block = io.alignment();
   return reinterpret_cast<uintptr_t>(to) % block == t.file_offset % block &&
-         (t.file_offset + t.nbytes) / block * block > round_up(t.file_offset, block);
+         (t.file_offset + t.nbytes) / block * block > plan::round_up(t.file_offset, block);
 }
 
 // Submits the bytes of `t` into `to` (host memory the caller keeps alive until `tag` is done):
@@ -46,7 +38,7 @@ void submit_into_host(ReadScheduler& reads, io::IoSetup& io, const format::Index
     return;
   }
   const uint64_t block = io.alignment();
-  const uint64_t middle_begin = round_up(begin, block), middle_end = end / block * block;
+  const uint64_t middle_begin = plan::round_up(begin, block), middle_end = end / block * block;
   if (middle_begin > begin) {
     reads.submit(t.file_index, plan::align_range(begin, middle_begin - begin, 1), to, tag,
                  /*buffered=*/true);
@@ -69,8 +61,7 @@ void wait_all(ReadScheduler& reads, const format::Checkpoint& checkpoint,
     auto failure = reads.failure(tag);
     reads.forget(tag);
     if (failure && !first) {
-      first =
-          read_failure_error(*failure, file_of(checkpoint, *fill->source), fill->source->name());
+      first = read_failure_error(*failure, checkpoint.path_of(*fill->source), fill->source->name());
     }
   }
   if (first) throw *first;
@@ -109,7 +100,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
     auto failure = reads.failure(tag);
     reads.forget(tag);
     if (failure && !failed) {
-      failed = read_failure_error(*failure, file_of(checkpoint, source), source.name());
+      failed = read_failure_error(*failure, checkpoint.path_of(source), source.name());
     }
     if (failed) {
       stream.drop_oldest();  // nothing more is copied; the remaining reads are only waited for
@@ -135,7 +126,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
       const uint64_t tag = read_tags::load_into(sequence++);
       while (!failed && !stream.submit(t.file_index, range, target.to + done, tag)) {
         if (stream.waiting() == 0) {
-          throw Error(ErrorKind::Io, file_of(checkpoint, t), t.name(),
+          throw Error(ErrorKind::Io, checkpoint.path_of(t), t.name(),
                       "load_into: a staging slice does not fit the staging ring");
         }
         land_oldest();

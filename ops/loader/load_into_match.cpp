@@ -13,10 +13,6 @@ namespace instanttensor::loader {
 
 namespace {
 
-const std::string& file_of(const format::Checkpoint& checkpoint, const format::IndexedTensor& t) {
-  return checkpoint.files()[t.file_index].path;
-}
-
 std::string shape_text(c10::IntArrayRef shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -43,7 +39,7 @@ std::pair<uintptr_t, uintptr_t> byte_extent(const at::Tensor& t) {
 
 void check_destination(const format::Checkpoint& checkpoint, const Fill& fill) {
   const auto& t = *fill.source;
-  const std::string& file = file_of(checkpoint, t);
+  const std::string& file = checkpoint.path_of(t);
   const at::Tensor& dest = fill.destination;
   auto fail = [&](const std::string& why) {
     throw Error(ErrorKind::Argument, file, t.name(), "load_into: the destination " + why);
@@ -134,7 +130,7 @@ MatchedDestinations match_destinations(const format::Checkpoint& checkpoint,
     const auto& [device_a, begin_a, end_a, fill_a] = extents[i - 1];
     const auto& [device_b, begin_b, end_b, fill_b] = extents[i];
     if (device_a == device_b && begin_b < end_a) {
-      throw Error(ErrorKind::Argument, file_of(checkpoint, *fill_b->source), fill_b->source->name(),
+      throw Error(ErrorKind::Argument, checkpoint.path_of(*fill_b->source), fill_b->source->name(),
                   "load_into: the destination shares memory with the destination of '" +
                       fill_a->source->name() + "'");
     }

@@ -5,17 +5,16 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <chrono>
 #include <iostream>
 
 #include "loader/load_into.h"
 #include "loader/memory_plan.h"
+#include "loader/timing.h"
 
 namespace instanttensor {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-}  // namespace
+using loader::Clock;
+using loader::seconds_since;
 
 Loader::~Loader() {
   try {
@@ -141,7 +140,7 @@ LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
   uint64_t staging = loader::staging_ring_bytes(staging_request_, plan_.first_path());
   loader::fill_destinations(matched.fills, *plan_.checkpoint, *io_, *reads_, plan_.chunk_size,
                             staging, mode_.staged && options_.device.is_cpu(), stats_);
-  stats_.wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  stats_.wait_seconds += seconds_since(start);
   return matched.result;
 }
 

@@ -4,27 +4,24 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <chrono>
 #include <thread>
 
 #include "loader/loader.h"
 #include "loader/memory_plan.h"
+#include "loader/timing.h"
 
 namespace instanttensor {
 
-namespace {
+using loader::Clock;
+using loader::seconds_since;
 
-using Clock = std::chrono::steady_clock;
+namespace {
 
 constexpr uint64_t kRingAlignment = 64;
 constexpr uint64_t kDefaultChunk = 8ull << 20;
 constexpr int kDefaultConcurrency = 4;
 constexpr uint64_t kInlineReadBytes = 8ull << 20;
 constexpr int kDefaultIoDepth = 32;
-
-uint64_t round_up(uint64_t value, uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 
 // Accelerators: "cuda" means the current device, resolved now, so the loader's stream and every
 // tensor handed out carry a concrete index.
@@ -48,8 +45,8 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   io_ = std::make_unique<io::IoSetup>(options_.backends, files_to_read);
   plan_.io_alignment = io_->alignment();
   plan_.ring_alignment = std::max<uint64_t>(kRingAlignment, plan_.io_alignment);
-  plan_.chunk_size =
-      round_up(options_.chunk_size ? options_.chunk_size : kDefaultChunk, plan_.ring_alignment);
+  plan_.chunk_size = plan::round_up(options_.chunk_size ? options_.chunk_size : kDefaultChunk,
+                                    plan_.ring_alignment);
   choose_mode(options);
   open_exchange(selected, options);
   size_and_plan(std::move(selected), options);
@@ -57,7 +54,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   compose_parts();
   stats_.backend = io_->description();
   stats_.buffer_size = plan_.memory.buffer_size;
-  stats_.open_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  stats_.open_seconds = seconds_since(start);
 }
 
 std::vector<size_t> Loader::selected_indices() const {

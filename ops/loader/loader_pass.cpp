@@ -2,20 +2,15 @@
 // them, exchanging them with the other ranks, and handing their tensors out in storage order.
 #include <c10/core/DeviceGuard.h>
 
-#include <chrono>
-
 #include "loader/loader.h"
 #include "loader/read_tags.h"
 #include "loader/storage_views.h"
+#include "loader/timing.h"
 
 namespace instanttensor {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-}  // namespace
+using loader::Clock;
+using loader::seconds_since;
 
 using loader::Destination;
 namespace read_tags = loader::read_tags;
@@ -117,9 +112,13 @@ void Loader::fail_pass(Error error) {
 void Loader::check_pass_reads() {
   auto failed = reads_->first_failed_tag();
   if (!failed || !read_tags::of_the_pass(*failed)) return;
-  size_t group = shares_->group_of(*failed).value_or(
-      whole_groups_->group_of(*failed).value_or(read_tags::is_group(*failed) ? *failed : 0));
-  const auto& first = plan_.first_tensor(group);
+  auto group = whole_groups_->group_of(*failed);
+  if (!group) group = shares_->group_of(*failed);
+  if (!group) {  // a failed read of the pass that no feed is waiting for: never guessed
+    throw Error(ErrorKind::Io, plan_.first_path(), "",
+                "internal: a read of the pass failed that no group is waiting for");
+  }
+  const auto& first = plan_.first_tensor(*group);
   fail_pass(read_failure_error(*reads_->failure(*failed), plan_.file_of(first), first.name()));
 }
 

@@ -34,7 +34,7 @@ struct PassPlan {
     return tensor_of_item(reads.groups[group].first_item);
   }
   const std::string& file_of(const format::IndexedTensor& t) const {
-    return checkpoint->files()[t.file_index].path;
+    return checkpoint->path_of(t);
   }
   const std::string& first_path() const { return checkpoint->files()[0].path; }
   size_t unit_count(size_t group) const {

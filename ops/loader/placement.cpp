@@ -1,9 +1,9 @@
 #include "loader/placement.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "loader/storage_views.h"
+#include "loader/timing.h"
 
 namespace instanttensor::loader {
 
@@ -64,10 +64,9 @@ bool RingPlacement::reclaim_oldest(const PassState& pass, bool force) {
     if (end > pass.next_item) return false;
     if (end + 1 > pass.next_item && !force) return false;
   }
-  auto start = std::chrono::steady_clock::now();
+  auto start = Clock::now();
   stats_.materializations += ring_.release_oldest();
-  stats_.copy_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.copy_seconds += seconds_since(start);
   return true;
 }
 

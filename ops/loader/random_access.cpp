@@ -1,9 +1,8 @@
 #include "loader/random_access.h"
 
-#include <chrono>
-
 #include "loader/read_tags.h"
 #include "loader/storage_views.h"
+#include "loader/timing.h"
 
 namespace instanttensor::loader {
 
@@ -45,10 +44,9 @@ c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTen
   auto storage = make_storage(std::move(window), nbytes);
   reads_.submit(t.file_index, range, dest, read_tags::kRandomAccess);
   // Reads of the pass may complete in between; they stay booked for the pass.
-  auto start = std::chrono::steady_clock::now();
+  auto start = Clock::now();
   while (!reads_.done(read_tags::kRandomAccess)) reads_.wait_one();
-  stats_.wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.wait_seconds += seconds_since(start);
   auto failure = reads_.failure(read_tags::kRandomAccess);
   reads_.forget(read_tags::kRandomAccess);
   if (failure) throw read_failure_error(*failure, plan_.file_of(t), t.name());

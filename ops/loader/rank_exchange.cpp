@@ -18,8 +18,10 @@ constexpr int64_t kMessageBytes = 1016;  // status word + message: 1 KiB per ran
 // the same calls in the same order under injected failures. Unset: nothing is written.
 const char* const kTracePrefix = std::getenv("INSTANTTENSOR_TESTING_TRACE_COLLECTIVES");
 
+bool tracing() { return kTracePrefix != nullptr; }
+
+// Callers check tracing() first, so no line is built when nobody records.
 void trace(int rank, const std::string& line) {
-  if (kTracePrefix == nullptr) return;
   std::ofstream(std::string(kTracePrefix) + ".rank" + std::to_string(rank), std::ios::app)
       << line << "\n";
 }
@@ -72,7 +74,7 @@ uint64_t RankExchange::handshake(uint64_t digest, uint64_t budget, const std::st
   at::Tensor mine = at::empty({2}, at::kLong);
   mine[0] = static_cast<int64_t>(digest);
   mine[1] = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX));
-  trace(rank_, "handshake");
+  if (tracing()) trace(rank_, "handshake");
   at::Tensor all = all_gather(mine);
   const int64_t* values = all.data_ptr<int64_t>();
   std::string differing;
@@ -103,7 +105,7 @@ void RankExchange::check_statuses(const std::optional<Error>& failure, const std
     std::memcpy(mine.data_ptr<uint8_t>() + kStatusBytes, message.data(),
                 std::min<size_t>(message.size(), kMessageBytes - 1));
   }
-  trace(rank_, "status");
+  if (tracing()) trace(rank_, "status");
   at::Tensor all = all_gather(mine);
   const uint8_t* words = all.data_ptr<uint8_t>();
   int failed_rank = -1;
@@ -126,7 +128,7 @@ void RankExchange::check_statuses(const std::optional<Error>& failure, const std
 void RankExchange::gather(at::Tensor unit) {
   int64_t slice = unit.numel() / world_;
   if (method_ == GatherMethod::AllGather) {
-    trace(rank_, "all_gather " + std::to_string(unit.numel()));
+    if (tracing()) trace(rank_, "all_gather " + std::to_string(unit.numel()));
     at::Tensor share = unit.narrow(0, rank_ * slice, slice);
     in_flight_.push_back(backend_->_allgather_base(unit, share));
     return;
@@ -135,7 +137,7 @@ void RankExchange::gather(at::Tensor unit) {
     std::vector<at::Tensor> share = {unit.narrow(0, root * slice, slice)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    if (kTracePrefix != nullptr) {
+    if (tracing()) {
       std::string line = "broadcast ";  // appended: GCC 12's -Wrestrict misfires on `" " + s`
       line += std::to_string(root);
       line += ' ';

@@ -1,8 +1,7 @@
 #include "loader/share_feed.h"
 
-#include <chrono>
-
 #include "loader/read_tags.h"
+#include "loader/timing.h"
 
 namespace instanttensor::loader {
 
@@ -65,10 +64,9 @@ std::optional<Error> ShareFeed::land(PassState& pass, size_t /*waited*/) {
       }
     }
     if (share.staged) {
-      auto start = std::chrono::steady_clock::now();
+      auto start = Clock::now();
       state.landed_fence = staging_->copy_oldest();
-      stats_.copy_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      stats_.copy_seconds += seconds_since(start);
     }
     state.units_landed += 1;
     if (state.units_landed == plan_.unit_count(share.group)) state.landed = true;

@@ -1,9 +1,9 @@
 #include "loader/tensor_factory.h"
 
-#include <chrono>
 #include <cstring>
 
 #include "loader/storage_views.h"
+#include "loader/timing.h"
 #include "loader/torch_dtype.h"
 #include "pool/host_buffer.h"
 
@@ -38,10 +38,9 @@ at::Tensor TensorFactory::aligned(at::Tensor tensor) {
 }
 
 at::Tensor TensorFactory::owned_copy(const at::Tensor& tensor) {
-  auto start = std::chrono::steady_clock::now();
+  auto start = Clock::now();
   at::Tensor copy = copy_of(tensor);
-  stats_.copy_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.copy_seconds += seconds_since(start);
   return copy;
 }
 

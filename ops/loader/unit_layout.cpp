@@ -2,13 +2,11 @@
 
 #include <algorithm>
 
+#include "plan/read_plan.h"
+
 namespace instanttensor::loader {
 
-namespace {
-uint64_t round_up(uint64_t value, uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-}  // namespace
+using plan::round_up;
 
 UnitLayout::UnitLayout(uint64_t chunk_size, int world_size) : world(world_size) {
   uint64_t step = static_cast<uint64_t>(world) * kSliceAlignment;

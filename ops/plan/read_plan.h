@@ -43,6 +43,11 @@ struct AlignedRange {
 };
 AlignedRange align_range(uint64_t offset, uint64_t length, uint64_t alignment);
 
+// `value` rounded up to a multiple of `multiple` (> 0).
+constexpr uint64_t round_up(uint64_t value, uint64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
 // One read request's share of a range: [offset, offset + length) relative to the span start,
 // of which the first `required` bytes must arrive (the rest may lie past the end of the file).
 struct Piece {

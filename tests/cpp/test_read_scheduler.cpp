@@ -56,7 +56,7 @@ TEST_P(ReadSchedulerTest, TagsCompleteWhenEveryPieceHasLanded) {
   EXPECT_EQ(reads.in_flight(), 0u);
 }
 
-TEST_P(ReadSchedulerTest, TheFirstFailureOfATagIsKeptAndTheSmallestFailedTagReported) {
+TEST_P(ReadSchedulerTest, AFailedReadIsReportedForItsTagAloneUntilForgotten) {
   OneFile file(1 << 20);
   io::IoSetup io({"pread"}, file.files());
   Stats stats;
