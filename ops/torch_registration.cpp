@@ -114,7 +114,7 @@ class LoaderHolder : public torch::CustomClassHolder {
                std::optional<int64_t> io_depth, std::optional<std::string> backend,
                std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> process_group,
                std::optional<int64_t> staging_size, std::optional<int64_t> device_budget,
-               bool host_fallback, bool force_staging)
+               bool host_fallback, bool force_staging, std::optional<std::string> exchange)
       : opened_(std::move(files), [&] {
           OpenOptions options;
           options.device = device;
@@ -130,6 +130,7 @@ class LoaderHolder : public torch::CustomClassHolder {
           options.device_budget = device_budget;
           options.host_fallback = host_fallback;
           options.force_staging = force_staging;
+          options.exchange = std::move(exchange);
           // The Python layer raises open_warnings() as Python warnings; c10's handler (stderr)
           // would say it a second time.
           options.print_warnings = false;
@@ -196,6 +197,7 @@ class LoaderHolder : public torch::CustomClassHolder {
     return out;
   }
   std::string backend() { return opened_.stats().backend; }
+  std::string exchange() { return opened_.stats().exchange; }
   int64_t total_tensor_size() { return static_cast<int64_t>(opened_.total_tensor_size()); }
   int64_t buffer_size() { return static_cast<int64_t>(opened_.buffer_size()); }
   bool copy() { return opened_.copy(); }
@@ -223,23 +225,24 @@ TORCH_LIBRARY(instanttensor, m) {
   m.def("free_memory_share(float? given) -> float", &free_memory_share_op);
   m.def("shared_tensor_names(Tensor[] tensors, str[] names) -> str[]", &shared_tensor_names);
   m.class_<LoaderHolder>("Loader")
-      .def(torch::init<std::vector<std::string>, c10::Device, bool,
-                       std::optional<std::vector<std::string>>, std::optional<int64_t>,
-                       std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
-                       std::optional<std::string>,
-                       std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>,
-                       std::optional<int64_t>, std::optional<int64_t>, bool, bool>(),
-           "Opens safetensors files; only `files` is required.",
-           {torch::arg("files"), torch::arg("device") = c10::IValue(c10::Device(c10::kCPU)),
-            torch::arg("copy") = true, torch::arg("keys") = torch::arg::none(),
-            torch::arg("buffer_size") = torch::arg::none(),
-            torch::arg("chunk_size") = torch::arg::none(),
-            torch::arg("concurrency") = torch::arg::none(),
-            torch::arg("io_depth") = torch::arg::none(), torch::arg("backend") = torch::arg::none(),
-            torch::arg("process_group") = torch::arg::none(),
-            torch::arg("staging_size") = torch::arg::none(),
-            torch::arg("device_budget") = torch::arg::none(), torch::arg("host_fallback") = false,
-            torch::arg("force_staging") = false})
+      .def(
+          torch::init<std::vector<std::string>, c10::Device, bool,
+                      std::optional<std::vector<std::string>>, std::optional<int64_t>,
+                      std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
+                      std::optional<std::string>,
+                      std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>, std::optional<int64_t>,
+                      std::optional<int64_t>, bool, bool, std::optional<std::string>>(),
+          "Opens safetensors files; only `files` is required.",
+          {torch::arg("files"), torch::arg("device") = c10::IValue(c10::Device(c10::kCPU)),
+           torch::arg("copy") = true, torch::arg("keys") = torch::arg::none(),
+           torch::arg("buffer_size") = torch::arg::none(),
+           torch::arg("chunk_size") = torch::arg::none(),
+           torch::arg("concurrency") = torch::arg::none(),
+           torch::arg("io_depth") = torch::arg::none(), torch::arg("backend") = torch::arg::none(),
+           torch::arg("process_group") = torch::arg::none(),
+           torch::arg("staging_size") = torch::arg::none(),
+           torch::arg("device_budget") = torch::arg::none(), torch::arg("host_fallback") = false,
+           torch::arg("force_staging") = false, torch::arg("exchange") = torch::arg::none()})
       .def("keys", &LoaderHolder::keys)
       .def("offset_keys", &LoaderHolder::offset_keys)
       .def("has_metadata", &LoaderHolder::has_metadata)
@@ -252,6 +255,7 @@ TORCH_LIBRARY(instanttensor, m) {
       .def("next", &LoaderHolder::next)
       .def("stats", &LoaderHolder::stats)
       .def("backend", &LoaderHolder::backend)
+      .def("exchange", &LoaderHolder::exchange)
       .def("total_tensor_size", &LoaderHolder::total_tensor_size)
       .def("buffer_size", &LoaderHolder::buffer_size)
       .def("copy", &LoaderHolder::copy)

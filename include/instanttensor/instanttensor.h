@@ -48,11 +48,20 @@ struct OpenOptions {
   // Default: auto (O_DIRECT when under half of the files is cached, else buffered; never mmap).
   std::optional<std::string> backend;
   // Distributed loading. Default: none. With a group of more than one rank that has a backend
-  // for the target's device type (gloo for CPU targets, NCCL or gloo for accelerators), each
-  // rank reads about 1/world of the bytes and iteration hands every rank every tensor; without
-  // such a backend every rank reads everything (a warning). All ranks must open the same files
+  // for the target's device type (gloo for CPU targets, NCCL or gloo for accelerators),
+  // iteration hands every rank every tensor and the ranks exchange bytes as `exchange` says
+  // (exchanging, each rank reads about 1/world of them); without such a backend every rank
+  // reads everything on its own (a warning). All ranks must open the same files
   // and selection with the same layout options (checked up front) and iterate in step.
   c10::intrusive_ptr<c10d::ProcessGroup> process_group;
+  // Whether a group exchanges bytes: "auto" (default), "always" or "never", any case;
+  // INSTANTTENSOR_EXCHANGE. auto: device targets exchange (each rank reads 1/world, the group's
+  // device backend moves the rest); host targets do not: each rank reads what it needs itself
+  // through the page cache (buffered when several ranks share a host, so the disk is read once
+  // for all of them, and the host's cores are split among its ranks). Either way the group
+  // checks at open that every rank loads the same thing, and a failure on one rank raises on
+  // every rank. Every rank must pass the same value. stats().exchange says what was chosen.
+  std::optional<std::string> exchange;
   // Staged transfer (always used for accelerator targets): reads land in a host staging ring of
   // staging_size bytes (pinned for accelerators; default: 64 MiB, at least 32 KiB) and are
   // copied to the device on the loader's stream. force_staging (default false) takes that path
@@ -95,6 +104,9 @@ struct Stats {
   double copy_seconds = 0;         // materializations and copies on the consumer's thread
   double exchange_seconds = 0;     // distributed: waiting on status rounds and all-gathers
   std::string backend;             // the read backend in use
+  // Whether the bytes were exchanged over a process group, and why: "none (single process)",
+  // "none (one host, host target)", "device (device target)", "host (exchange=always)", ...
+  std::string exchange;
 };
 
 // What load_into left unfilled (both empty with strict=true, which raises instead), sorted.

@@ -45,7 +45,13 @@ class IoSetup {
   // call once.
   std::unique_ptr<ReadBackend> start_backend(int threads, int depth);
   // "pread", "pread+O_DIRECT", "io_uring+O_DIRECT", ... and why a fallback happened, if any.
-  const std::string& description() const { return description_; }
+  std::string description() const { return description_ + note_; }
+  // Appends " (note)" to the description: why the loader chose this setup. Consumer thread.
+  void add_note(const std::string& note) {
+    note_ += " (";  // appended: GCC 12's -Wrestrict misfires on `" (" + note` in C++20
+    note_ += note;
+    note_ += ')';
+  }
 
   // Closes the fds opened here and drops this reference to the mapping. Idempotent.
   void close();
@@ -58,6 +64,7 @@ class IoSetup {
   uint64_t alignment_ = 1;
   bool uring_ = false;
   std::string description_;
+  std::string note_;
 };
 
 }  // namespace instanttensor::io

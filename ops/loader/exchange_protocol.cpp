@@ -34,14 +34,26 @@ uint64_t layout_digest(const format::Checkpoint& checkpoint, const std::vector<s
   mix_value(options.host_fallback);
   mix_value(options.staged);
   mix_value(static_cast<uint64_t>(options.device_type));
+  mix_value(static_cast<uint64_t>(options.exchange));
   return hash;
 }
 
 ExchangeProtocol::ExchangeProtocol(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device where,
-                                   ExchangePlace place, uint64_t digest, uint64_t& device_budget,
+                                   uint64_t digest, uint64_t host_identity, uint64_t& device_budget,
                                    const std::string& file)
-    : exchange_(std::move(group), where, place) {
-  device_budget = exchange_.handshake(digest, device_budget, file);
+    : exchange_(std::move(group), where) {
+  auto agreed = exchange_.handshake(digest, device_budget, host_identity, file);
+  device_budget = agreed.device_budget;
+  topology_ = host_topology(agreed.host_identities, exchange_.rank());
+}
+
+void ExchangeProtocol::check_in_step(std::optional<Error> failure, const std::string& file,
+                                     Stats& stats) {
+  if (!failure && deferred_) failure = std::move(deferred_);
+  deferred_.reset();
+  auto start = Clock::now();
+  exchange_.check_statuses(failure, file);
+  stats.exchange_seconds += seconds_since(start);
 }
 
 void ExchangeProtocol::exchange_group(size_t g, const PassPlan& plan, GroupState& state,

@@ -1,8 +1,8 @@
-// The exchange protocol of a distributed pass, on top of RankExchange's collectives: the layout
-// digest and the handshake that checks it, one status round per unit carrying any failure (so a
-// failure on one rank raises on every rank after the same round), deferred failures, and the
-// waits for this rank's share of each unit before its gather. Every rank makes the same
-// collective calls in the same order, whatever fails where. Consumer thread only.
+// The protocol of a distributed pass, on top of RankExchange's collectives: the layout digest
+// and the handshake that checks it (and tells which ranks share a host), one status round per unit
+// carrying any failure (so a failure on one rank raises on every rank after the same round),
+// deferred failures, and the waits for this rank's share of each unit before its gather. Every rank
+// makes the same collective calls in the same order, whatever fails where. Consumer thread only.
 #pragma once
 
 #include <c10/core/Stream.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "instanttensor/instanttensor.h"
+#include "loader/host_identity.h"
 #include "loader/pass_state.h"
 #include "loader/rank_exchange.h"
 
@@ -28,6 +29,7 @@ struct LayoutOptions {
   bool host_fallback = false;
   bool staged = false;
   int device_type = 0;
+  ExchangePolicy exchange = ExchangePolicy::Auto;  // every rank must decide alike
 };
 
 // FNV-1a over files (sizes, header lengths), the selected tensors (name, offset, size) and the
@@ -37,15 +39,22 @@ uint64_t layout_digest(const format::Checkpoint& checkpoint, const std::vector<s
 
 class ExchangeProtocol {
  public:
-  // `where`: the CPU for the host exchange, the target for the device exchange. Before any
-  // data moves, every rank checks it loads the same thing the same way: Error(Argument) on
-  // every rank naming the ranks that differ; `device_budget` becomes the smallest rank's.
-  ExchangeProtocol(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device where,
-                   ExchangePlace place, uint64_t digest, uint64_t& device_budget,
-                   const std::string& file);
+  // `where`: the target (the CPU for host targets). Before any data moves, every rank checks
+  // it loads the same thing the same way: Error(Argument) on every rank naming the ranks that
+  // differ; `device_budget` becomes the smallest rank's, and topology() says which ranks share
+  // this one's page cache (`host_identity`, host_identity.h).
+  ExchangeProtocol(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device where, uint64_t digest,
+                   uint64_t host_identity, uint64_t& device_budget, const std::string& file);
 
   int rank() const { return exchange_.rank(); }
   int world() const { return exchange_.world(); }
+  const HostTopology& topology() const { return topology_; }
+  // The mode chose to exchange bytes at `place`: sets up the gathers. Before exchange_group.
+  void prepare_gathers(ExchangePlace place) { exchange_.prepare_gathers(place); }
+
+  // Ranks that read alone but walk in step (StepRounds): one status round carrying `failure`
+  // (or a deferred one). Throws on every rank when any rank failed.
+  void check_in_step(std::optional<Error> failure, const std::string& file, Stats& stats);
 
   // A failure found after the current group's round: the next status round carries it.
   void defer(Error failure) { deferred_ = std::move(failure); }
@@ -66,6 +75,7 @@ class ExchangeProtocol {
 
  private:
   RankExchange exchange_;
+  HostTopology topology_;
   std::optional<Error> deferred_;
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace instanttensor::loader {
 
@@ -13,6 +14,22 @@ enum class ExchangePlace {
            // reads the whole checkpoint itself)
   Host,    // host memory (a CPU target): reads land in the host ring, gathered there
   Device,  // the target's memory behind the transfer stage: the device ring, gathered there
+};
+
+// Whether a process group exchanges bytes: `auto` decides by cost (below), `always` and
+// `never` override it (OpenOptions::exchange, INSTANTTENSOR_EXCHANGE).
+enum class ExchangePolicy { Auto, Always, Never };
+
+// Why the mode exchanges or not, for stats() and the debug line (describe_exchange).
+enum class ExchangeReason {
+  SingleProcess,  // no group, or a group of one rank
+  NoBackend,      // the group has no backend for the target's device type
+  OneHost,        // host target, every rank on one host: the page cache is already shared
+  SeveralHosts,   // host target, ranks on several hosts: each rank reads everything (measured
+                  // faster than gloo's exchange; see load_mode.cpp)
+  DeviceTarget,   // device target: each rank copies 1/world over its bus, the backend the rest
+  Forced,         // policy always
+  Refused,        // policy never
 };
 
 // Where a read group's bytes live until they are handed out.
@@ -31,6 +48,10 @@ struct LoadModeInputs {
   bool mapping_backend = false;      // the read backend is the file mapping (mmap)
   bool distributed = false;          // a process group of more than one rank
   bool group_serves_target = false;  // the group has a backend for the target's device type
+  ExchangePolicy exchange_policy = ExchangePolicy::Auto;
+  // Distinct page-cache domains among the ranks (the handshake's host identities); 1 until
+  // the handshake has run.
+  int hosts = 1;
 };
 
 struct LoadMode {
@@ -44,6 +65,10 @@ struct LoadMode {
   // A process group that cannot exchange the target's bytes: every rank reads alone (the
   // loader warns).
   bool exchange_fell_back = false;
+  // The ranks walk the pass in step over the group, exchanging or not: a handshake at open and
+  // status rounds, so a failure on one rank raises on every rank.
+  bool in_step = false;
+  ExchangeReason reason = ExchangeReason::SingleProcess;
 
   bool exchanging() const { return exchange != ExchangePlace::Local; }
   // Whether a group is read as rank shares in units (the staged path and the exchanges) rather
@@ -59,5 +84,8 @@ struct LoadMode {
 
 // Any thread; pure.
 LoadMode choose_load_mode(const LoadModeInputs& in);
+
+// "none (one host, host target)", "device (device target)", ...: what stats() reports. Pure.
+std::string describe_exchange(const LoadMode& mode);
 
 }  // namespace instanttensor::loader

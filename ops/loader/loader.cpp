@@ -171,7 +171,7 @@ void Loader::close() {
     std::cerr << "[instanttensor] " << plan_.first_path() << ": " << stats_.bytes_read
               << " bytes in " << stats_.read_requests << " reads, wait " << stats_.wait_seconds
               << " s, read " << stats_.read_seconds << " s, materializations "
-              << stats_.materializations << "\n";
+              << stats_.materializations << ", exchange: " << stats_.exchange << "\n";
   }
   plan_.checkpoint->close_files();
 }

@@ -22,6 +22,7 @@
 #include "loader/read_scheduler.h"
 #include "loader/share_feed.h"
 #include "loader/staging_stream.h"
+#include "loader/step_rounds.h"
 #include "loader/tensor_factory.h"
 #include "pool/recycled_blocks.h"
 
@@ -71,10 +72,15 @@ class Loader {
 
   // Opening (loader.cpp).
   std::vector<size_t> selected_indices() const;
-  void choose_mode(const OpenOptions& options);
+  // The read backend for `backends`, and the alignments and chunk size that follow from it.
+  void open_io(const std::vector<std::string>& backends);
+  // The load mode; with a usable group, after the handshake (which says where the ranks run).
+  void choose_mode(const std::vector<size_t>& selected, const OpenOptions& options);
   // Distributed: agrees with the other ranks on the checkpoint, the layout and the device
-  // budget (one collective).
+  // budget, and learns their host identities (one collective).
   void open_exchange(const std::vector<size_t>& selected, const OpenOptions& options);
+  // Ranks of this host read alone, side by side, through one page cache.
+  bool shares_page_cache() const;
   void size_and_plan(std::vector<size_t> selected, const OpenOptions& options);
   void compose_parts();
   void start_reads();
@@ -102,6 +108,8 @@ class Loader {
   void make_ready(size_t item, bool wait);
   std::optional<std::pair<std::string, at::Tensor>> next_local();
   std::optional<std::pair<std::string, at::Tensor>> next_exchanged();
+  // A group that does not exchange: read alone, status rounds at StepRounds' items.
+  std::optional<std::pair<std::string, at::Tensor>> next_in_step();
   void check_pass_reads();
   [[noreturn]] void fail_pass(Error error);
   std::pair<std::string, at::Tensor> hand_out(size_t item);
@@ -123,8 +131,11 @@ class Loader {
   std::shared_ptr<pool::RecycledBlocks> recycled_;
   std::unique_ptr<loader::DeviceStage> stage_;  // staged: staging ring -> the target's memory
   std::unique_ptr<loader::LoaderStreams> host_streams_;
-  std::unique_ptr<loader::BorrowRing> host_ring_;       // made on first use
-  std::unique_ptr<loader::ExchangeProtocol> exchange_;  // null unless the mode exchanges
+  std::unique_ptr<loader::BorrowRing> host_ring_;  // made on first use
+  // The group's protocol: null unless the mode walks in step (mode_.in_step), exchanging bytes
+  // or not.
+  std::unique_ptr<loader::ExchangeProtocol> exchange_;
+  std::unique_ptr<loader::StepRounds> step_rounds_;  // in step without an exchange
 
   // The parts, composed for the mode at open.
   std::unique_ptr<loader::TensorFactory> factory_;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "loader/host_identity.h"
 #include "loader/loader.h"
 #include "loader/memory_plan.h"
 #include "loader/timing.h"
@@ -38,23 +39,32 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   options_.device = with_index(options_.device);
   plan_.checkpoint = std::make_unique<format::Checkpoint>(std::move(files));
   std::vector<size_t> selected = selected_indices();
-  std::vector<io::FileToRead> files_to_read;
-  for (const auto& file : plan_.checkpoint->files()) {
-    files_to_read.push_back(io::FileToRead{file.path, file.fd, file.size});
-  }
-  io_ = std::make_unique<io::IoSetup>(options_.backends, files_to_read);
-  plan_.io_alignment = io_->alignment();
-  plan_.ring_alignment = std::max<uint64_t>(kRingAlignment, plan_.io_alignment);
-  plan_.chunk_size = plan::round_up(options_.chunk_size ? options_.chunk_size : kDefaultChunk,
-                                    plan_.ring_alignment);
-  choose_mode(options);
-  open_exchange(selected, options);
+  open_io(options_.backends);
+  choose_mode(selected, options);
   size_and_plan(std::move(selected), options);
   start_reads();
   compose_parts();
   stats_.backend = io_->description();
+  stats_.exchange = loader::describe_exchange(mode_);
   stats_.buffer_size = plan_.memory.buffer_size;
   stats_.open_seconds = seconds_since(start);
+}
+
+void Loader::open_io(const std::vector<std::string>& backends) {
+  std::vector<io::FileToRead> files_to_read;
+  for (const auto& file : plan_.checkpoint->files()) {
+    files_to_read.push_back(io::FileToRead{file.path, file.fd, file.size});
+  }
+  io_.reset();  // its O_DIRECT fds closed before the new one opens its own
+  io_ = std::make_unique<io::IoSetup>(backends, files_to_read);
+  plan_.io_alignment = io_->alignment();
+  plan_.ring_alignment = std::max<uint64_t>(kRingAlignment, plan_.io_alignment);
+  plan_.chunk_size = plan::round_up(options_.chunk_size ? options_.chunk_size : kDefaultChunk,
+                                    plan_.ring_alignment);
+}
+
+bool Loader::shares_page_cache() const {
+  return mode_.in_step && !mode_.exchanging() && exchange_->topology().local_ranks > 1;
 }
 
 std::vector<size_t> Loader::selected_indices() const {
@@ -69,13 +79,14 @@ std::vector<size_t> Loader::selected_indices() const {
   return selected;
 }
 
-void Loader::choose_mode(const OpenOptions& options) {
+void Loader::choose_mode(const std::vector<size_t>& selected, const OpenOptions& options) {
   loader::LoadModeInputs in;
   in.accelerator_target = !options_.device.is_cpu();
   in.force_staging = options.force_staging;
   in.host_fallback = options.host_fallback;
   in.copy = options_.copy;
   in.mapping_backend = io_->mapping() != nullptr;
+  in.exchange_policy = options_.exchange;
   const auto& group = options.process_group;
   in.distributed = group && group->getSize() > 1;
   if (in.distributed) {
@@ -94,10 +105,22 @@ void Loader::choose_mode(const OpenOptions& options) {
       TORCH_WARN_ONCE(warnings_.back());
     }
   }
+  if (!mode_.in_step) return;
+  open_exchange(selected, options);
+  // The handshake told where every rank runs: the mode's final choice.
+  in.hosts = exchange_->topology().hosts;
+  mode_ = loader::choose_load_mode(in);
+  if (mode_.exchanging()) {
+    exchange_->prepare_gathers(mode_.exchange);
+  } else if (shares_page_cache() && io_->direct() && options_.backends.front() == "auto") {
+    // Ranks of one host reading everything themselves: buffered, so each byte comes from the
+    // disk once and the others find it in the page cache (O_DIRECT would read it once per
+    // rank). An explicit backend wins.
+    open_io({"buffered"});
+  }
 }
 
 void Loader::open_exchange(const std::vector<size_t>& selected, const OpenOptions& options) {
-  if (!mode_.exchanging()) return;
   loader::LayoutOptions layout;
   layout.copy = options_.copy;
   layout.buffer_size = options_.buffer_size;
@@ -106,13 +129,13 @@ void Loader::open_exchange(const std::vector<size_t>& selected, const OpenOption
   layout.host_fallback = mode_.host_fallback;
   layout.staged = mode_.staged;
   layout.device_type = static_cast<int>(options_.device.type());
-  c10::Device where = mode_.exchange == loader::ExchangePlace::Host
-                          ? c10::Device(c10::DeviceType::CPU)
-                          : options_.device;
+  layout.exchange = options_.exchange;
+  std::vector<int> fds;
+  for (const auto& file : plan_.checkpoint->files()) fds.push_back(file.fd);
   exchange_ = std::make_unique<loader::ExchangeProtocol>(
-      options.process_group, where, mode_.exchange,
-      loader::layout_digest(*plan_.checkpoint, selected, layout), device_budget_,
-      plan_.first_path());
+      options.process_group, options_.device,
+      loader::layout_digest(*plan_.checkpoint, selected, layout), loader::host_identity(fds),
+      device_budget_, plan_.first_path());
 }
 
 void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& options) {
@@ -122,14 +145,14 @@ void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& opti
   in.copy = options_.copy;
   in.staged = mode_.staged;
   in.host_fallback = mode_.host_fallback;
-  in.world = exchange_ ? exchange_->world() : 1;
+  in.world = mode_.exchanging() ? exchange_->world() : 1;
   in.buffer_size = options_.buffer_size;
   in.staging_size = options.staging_size ? static_cast<uint64_t>(*options.staging_size) : 0;
   staging_request_ = in.staging_size;
   in.chunk_size = plan_.chunk_size;
   // Ranks exchanging must size alike, whatever each one's filesystem alignment is.
-  in.read_widening =
-      exchange_ ? 2 * loader::kMaxDirectAlignment : (io_->direct() ? 2 * plan_.io_alignment : 0);
+  in.read_widening = mode_.exchanging() ? 2 * loader::kMaxDirectAlignment
+                                        : (io_->direct() ? 2 * plan_.io_alignment : 0);
   in.ring_alignment = plan_.ring_alignment;
   in.device_budget = device_budget_;
   auto describe = [&](size_t i) {
@@ -149,10 +172,18 @@ void Loader::start_reads() {
     // workers mostly wait on the device, so they keep the default depth.
     int cores = static_cast<int>(std::thread::hardware_concurrency());
     if (cores > 0) threads = std::min(threads, cores);
+    // Ranks of one host reading alone share its cores (2 ranks x 4 workers on 2 cores only
+    // contend).
+    if (shares_page_cache()) {
+      threads = std::max(1, threads / exchange_->topology().local_ranks);
+      io_->add_note(c10::str(exchange_->topology().local_ranks,
+                             " ranks on this host share its page cache and cores: ", threads,
+                             " read workers each"));
+    }
   }
   // Small checkpoints read on the consumer's thread: starting and joining workers would cost
   // more than the reads (100 files of 256 KB: ~0.4 ms per open). An explicit concurrency wins.
-  if (!options_.concurrency && !exchange_ && plan_.reads.total_bytes <= kInlineReadBytes) {
+  if (!options_.concurrency && !mode_.exchanging() && plan_.reads.total_bytes <= kInlineReadBytes) {
     threads = 0;
   }
   int depth = options_.io_depth ? options_.io_depth : kDefaultIoDepth;
@@ -164,7 +195,7 @@ void Loader::compose_parts() {
   // and the loader's own memory stays within 1.5x buffer_size.
   recycled_ = std::make_shared<pool::RecycledBlocks>(plan_.memory.buffer_size / 2);
   const uint64_t bound = plan_.memory.buffer_size;
-  const uint64_t padding = exchange_ ? plan_.memory.layout.padding() : 0;
+  const uint64_t padding = mode_.exchanging() ? plan_.memory.layout.padding() : 0;
   if (mode_.staged) {
     stage_ =
         std::make_unique<loader::DeviceStage>(options_.device, plan_.memory.staging_bytes,
@@ -178,7 +209,14 @@ void Loader::compose_parts() {
   host_owned_ = std::make_unique<loader::OwnedPlacement>(plan_, recycled_, nullptr, bound, stats_);
   whole_groups_ = std::make_unique<loader::WholeGroupFeed>(plan_, mode_, *reads_);
   shares_ = std::make_unique<loader::ShareFeed>(plan_, mode_, *reads_, staging_.get(),
-                                                exchange_ ? exchange_->rank() : 0, stats_);
+                                                mode_.exchanging() ? exchange_->rank() : 0, stats_);
+  if (mode_.in_step && !mode_.exchanging()) {
+    std::vector<uint64_t> item_bytes;
+    for (size_t index : plan_.reads.items) {
+      item_bytes.push_back(plan_.checkpoint->tensors()[index].nbytes);
+    }
+    step_rounds_ = std::make_unique<loader::StepRounds>(item_bytes);
+  }
   factory_ = std::make_unique<loader::TensorFactory>(*plan_.checkpoint, stage_.get(), stats_);
   random_ = std::make_unique<loader::RandomAccess>(plan_, mode_, options_.device, device_budget_,
                                                    *io_, *reads_, *factory_, recycled_, stats_);

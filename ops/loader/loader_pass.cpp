@@ -69,7 +69,7 @@ loader::Placement& Loader::placement_for(Destination where) {
         *host_streams_, loader::BorrowRing::Memory::Host, plan_.memory.host_ring_bytes,
         plan_.ring_alignment, "the borrow buffer");
     host_ring_placement_ = std::make_unique<loader::RingPlacement>(
-        plan_, *host_ring_, exchange_ ? plan_.memory.layout.padding() : 0, stats_);
+        plan_, *host_ring_, mode_.exchanging() ? plan_.memory.layout.padding() : 0, stats_);
   }
   return *host_ring_placement_;
 }
@@ -190,7 +190,7 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
     // An empty tensor: nothing read, nothing exchanged; it lives where its group would.
     return {t.name(), factory_->empty(t, device)};
   }
-  if (exchange_) {
+  if (mode_.exchanging()) {
     auto start = Clock::now();
     exchange_->wait_gathers();  // the consumer's stream (or the host) waits for the bytes
     stats_.exchange_seconds += seconds_since(start);
@@ -210,7 +210,8 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
   auto lock = mutex_.lock();
   ensure_open();
   refuse_in_child(kIterationInChild, /*iteration=*/true);
-  return exchange_ ? next_exchanged() : next_local();
+  if (mode_.exchanging()) return next_exchanged();
+  return mode_.in_step ? next_in_step() : next_local();
 }
 
 std::optional<std::pair<std::string, at::Tensor>> Loader::next_local() {
@@ -275,6 +276,45 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_exchanged() {
   } catch (const Error& e) {
     exchange_->defer(e);
   }
+  return hand_out(item);
+}
+
+std::optional<std::pair<std::string, at::Tensor>> Loader::next_in_step() {
+  // Each rank reads alone; the ranks meet only at StepRounds' items, so a failure here (a
+  // changed file, a read error, no memory) makes this rank's next round at once, where every
+  // rank raises together.
+  if (pass_.error) throw *pass_.error;
+  std::optional<Error> failure;
+  try {
+    if (!pass_.started) begin_pass();
+  } catch (const Error& e) {
+    failure = e;
+  }
+  if (!failure && pass_.rounds_done >= step_rounds_->count()) return std::nullopt;
+  const size_t item = pass_.next_item;
+  const size_t items = plan_.reads.items.size();
+  if (!failure && item < items) {
+    try {
+      if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
+      make_ready(item, /*wait=*/true);
+      pump();
+    } catch (const Error& e) {
+      failure = e;
+    }
+  }
+  if (failure || step_rounds_->item_of(pass_.rounds_done) == item) {
+    const std::string& file =
+        item < items ? plan_.file_of(plan_.tensor_of_item(item)) : plan_.first_path();
+    try {
+      exchange_->check_in_step(std::move(failure), file, stats_);
+    } catch (const Error& e) {
+      drain_in_flight();
+      pass_.error.emplace(e);
+      throw;
+    }
+    pass_.rounds_done += 1;
+  }
+  if (item >= items) return std::nullopt;
   return hand_out(item);
 }
 

@@ -113,6 +113,15 @@ std::vector<std::string> parse_backends(const std::string& text, const std::stri
   return names;
 }
 
+ExchangePolicy parse_exchange(std::string text, const std::string& what) {
+  std::string original = text;
+  for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (text == "auto") return ExchangePolicy::Auto;
+  if (text == "always") return ExchangePolicy::Always;
+  if (text == "never") return ExchangePolicy::Never;
+  bad(what, original, "auto, always or never");
+}
+
 }  // namespace
 
 const std::vector<std::string>& known_backend_names() {
@@ -181,6 +190,11 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
     resolved.backends = parse_backends(*text, "INSTANTTENSOR_BACKEND");
   } else {
     resolved.backends = {"auto"};
+  }
+  if (options.exchange) {
+    resolved.exchange = parse_exchange(*options.exchange, "exchange");
+  } else if (auto text = env("INSTANTTENSOR_EXCHANGE")) {
+    resolved.exchange = parse_exchange(*text, "INSTANTTENSOR_EXCHANGE");
   }
   if (auto text = env("INSTANTTENSOR_DEBUG")) {
     if (*text == "1")

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "instanttensor/instanttensor.h"
+#include "loader/load_mode.h"
 
 namespace instanttensor::loader {
 
@@ -20,12 +21,13 @@ struct ResolvedOptions {
   int concurrency = 0;
   int io_depth = 0;
   std::vector<std::string> backends;  // lower-case preference chain
+  ExchangePolicy exchange = ExchangePolicy::Auto;
   bool debug = false;
 };
 
 // Explicit fields win over INSTANTTENSOR_BUFFER_SIZE, _CHUNK_SIZE, _CONCURRENCY, _IO_DEPTH,
-// _BACKEND and _DEBUG. A bad value (explicit or from the environment) is Error(Argument) naming
-// the option or variable and the accepted values. Any thread.
+// _BACKEND, _EXCHANGE and _DEBUG. A bad value (explicit or from the environment) is Error(Argument)
+// naming the option or variable and the accepted values. Any thread.
 ResolvedOptions resolve_options(const OpenOptions& options);
 
 // The share of an accelerator's free memory the loader may use: `given` (max_free_mem_usage),

@@ -71,6 +71,7 @@ struct PassState {
   size_t next_group = 0;     // next group to place and submit
   size_t next_item = 0;      // next item to hand out
   uint64_t ahead_bytes = 0;  // owned destinations allocated and not yet handed out
+  size_t rounds_done = 0;    // in step without an exchange: status rounds made (StepRounds)
 
   // A new pass over `plan`: every group unplaced, nothing handed out.
   void begin(const plan::ReadPlan& plan) {
@@ -81,6 +82,7 @@ struct PassState {
     items.assign(plan.items.size(), ItemState{});
     next_group = next_item = 0;
     ahead_bytes = 0;
+    rounds_done = 0;
   }
 };
 

@@ -49,14 +49,16 @@ std::string describe_backends(c10d::ProcessGroup& group) {
   return out.empty() ? "none" : out;
 }
 
-RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device,
-                           ExchangePlace place)
+RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device)
     : group_(std::move(group)),
       backend_(group_->getBackend(device.type())),
       device_(device),
-      method_(choose_gather_method(place, backend_->getBackendName(), device.type())),
       rank_(group_->getRank()),
       world_(group_->getSize()) {}
+
+void RankExchange::prepare_gathers(ExchangePlace place) {
+  method_ = choose_gather_method(place, backend_->getBackendName(), device_.type());
+}
 
 at::Tensor RankExchange::all_gather(const at::Tensor& contribution) {
   // Small control messages (handshake, statuses): through the same backend as the data, so a
@@ -70,30 +72,37 @@ at::Tensor RankExchange::all_gather(const at::Tensor& contribution) {
   return at::cat(output[0]).cpu();
 }
 
-uint64_t RankExchange::handshake(uint64_t digest, uint64_t budget, const std::string& file) {
-  at::Tensor mine = at::empty({2}, at::kLong);
+RankExchange::Agreement RankExchange::handshake(uint64_t digest, uint64_t budget,
+                                                uint64_t host_identity, const std::string& file) {
+  constexpr int kWords = 3;
+  at::Tensor mine = at::empty({kWords}, at::kLong);
   mine[0] = static_cast<int64_t>(digest);
   mine[1] = static_cast<int64_t>(std::min<uint64_t>(budget, INT64_MAX));
+  mine[2] = static_cast<int64_t>(host_identity);
   if (tracing()) trace(rank_, "handshake");
   at::Tensor all = all_gather(mine);
   const int64_t* values = all.data_ptr<int64_t>();
   std::string differing;
-  uint64_t smallest = budget;
+  Agreement agreed;
+  agreed.device_budget = budget;
   for (int r = 0; r < world_; ++r) {
-    if (values[2 * r] != values[0]) {
+    if (values[kWords * r] != values[0]) {
       differing += ' ';  // not " " + ...: GCC 12's -Wrestrict misfires on it in C++20
       differing += std::to_string(r);
     }
-    smallest = std::min(smallest, static_cast<uint64_t>(values[2 * r + 1]));
+    agreed.device_budget =
+        std::min(agreed.device_budget, static_cast<uint64_t>(values[kWords * r + 1]));
+    agreed.host_identities.push_back(static_cast<uint64_t>(values[kWords * r + 2]));
   }
   if (!differing.empty()) {
     throw Error(ErrorKind::Argument, file, "",
                 "ranks opened different checkpoints, selections or layout options (rank" +
                     differing +
                     " differ from rank 0); every rank must open the same files with the same "
-                    "selection (keys or tensor_filter), copy, buffer_size and chunk_size");
+                    "selection (keys or tensor_filter), copy, buffer_size, chunk_size, "
+                    "staging_size, host_fallback, exchange and target device type");
   }
-  return smallest;
+  return agreed;
 }
 
 void RankExchange::check_statuses(const std::optional<Error>& failure, const std::string& file) {

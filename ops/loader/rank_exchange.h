@@ -31,17 +31,26 @@ std::string describe_backends(c10d::ProcessGroup& group);
 // thread only.
 class RankExchange {
  public:
-  // `device`: where the exchanged bytes live (a CPU device for Host; the target for Device).
-  RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device,
-               ExchangePlace place);
+  // `device`: where the exchanged bytes live (the target: the CPU for the host exchange). The
+  // collectives run on the group's backend for its device type.
+  RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device);
   int rank() const { return rank_; }
   int world() const { return world_; }
   c10::Device device() const { return device_; }
 
-  // Gathers every rank's digest of files, sizes, headers, selection and layout, and its device
-  // memory budget. Throws Error(Argument) on every rank, naming the ranks that differ, when the
-  // digests do not all match; else returns the smallest budget, so every rank sizes alike.
-  uint64_t handshake(uint64_t digest, uint64_t budget, const std::string& file);
+  // What the handshake agreed on: the smallest device budget (so every rank sizes alike) and
+  // every rank's host identity (index: rank).
+  struct Agreement {
+    uint64_t device_budget = UINT64_MAX;
+    std::vector<uint64_t> host_identities;
+  };
+  // Gathers every rank's digest of files, sizes, headers, selection and layout, its device
+  // memory budget and its host identity (host_identity.h). Throws Error(Argument) on every
+  // rank, naming the ranks that differ, when the digests do not all match.
+  Agreement handshake(uint64_t digest, uint64_t budget, uint64_t host_identity,
+                      const std::string& file);
+  // How gather() moves a unit, for where the exchange runs (GatherMethod); before any gather.
+  void prepare_gathers(ExchangePlace place);
 
   // The status round of a unit: every rank contributes 0 or its failure (kind and message), the
   // host reads them all once. Throws on every rank when any rank failed (its own error, or

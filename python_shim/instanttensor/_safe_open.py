@@ -123,6 +123,12 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     device memory used stays within max_free_mem_usage (default 0.5) of the free memory; a
     tensor larger than that is a ValueError naming it, or with host_fallback=True a CPU tensor.
 
+    process_group (torch.distributed): every rank gets every tensor; the ranks check at open
+    that they load the same thing and a failure on one raises on all. exchange="auto" (default,
+    or INSTANTTENSOR_EXCHANGE): device targets exchange bytes over the group (each rank reads
+    1/world), host targets do not (each rank reads through the shared page cache);
+    "always"/"never" override it, alike on every rank. stats()["exchange"] says which and why.
+
     Errors: FileNotFoundError / PermissionError / OSError for I/O, ValueError for malformed
     files and bad arguments or environment values, KeyError for unknown names; each message
     names the file and the tensor.
@@ -148,6 +154,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         tensor_name_match_mode: str = "glob",
         host_fallback: bool = False,
         staging_size: int | None = None,
+        exchange: str | None = None,
         _force_staging: bool = False,
     ) -> None:
         self._handle = None
@@ -172,6 +179,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             device_budget=device_budget,
             host_fallback=bool(host_fallback),
             force_staging=bool(_force_staging),
+            exchange=None if exchange is None else str(exchange),
         )
         if load_now:
             self._open(stacklevel=3)
@@ -323,13 +331,15 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             return self._engine().get_rows(name, start, stop)
 
     def stats(self) -> dict[str, Any]:
-        """Counters since open: bytes_read, read_requests, materializations, timings, backend."""
+        """Counters since open: bytes_read, read_requests, materializations, timings, backend,
+        exchange (whether a process group exchanged bytes, and why)."""
         with engine_errors():
             counters: dict[str, Any] = {
                 k: (int(v) if float(v).is_integer() and not k.endswith("seconds") else v)
                 for k, v in self._engine().stats().items()
             }
             counters["backend"] = self._engine().backend()
+            counters["exchange"] = self._engine().exchange()
         return counters
 
     def __del__(self) -> None:

@@ -31,6 +31,12 @@ LoadModeInputs with(LoadModeInputs in, bool force_staging, bool host_fallback, b
   return in;
 }
 
+LoadModeInputs policy(LoadModeInputs in, ExchangePolicy exchange, int hosts = 1) {
+  in.exchange_policy = exchange;
+  in.hosts = hosts;
+  return in;
+}
+
 const Row kRows[] = {
     // what                        inputs                                      st ring hf  ma   mi
     {"cpu copy", inputs(false, true), false, false, false, false, false, ExchangePlace::Local,
@@ -55,11 +61,16 @@ const Row kRows[] = {
      false, false, ExchangePlace::Local, false},
     {"accelerator mmap reads, no views", with(inputs(true, false), false, false, true), true, true,
      false, false, false, ExchangePlace::Local, false},
-    {"host exchange copy", inputs(false, true, true, true), false, true, false, false, false,
-     ExchangePlace::Host, false},
+    {"host exchange copy", policy(inputs(false, true, true, true), ExchangePolicy::Always), false,
+     true, false, false, false, ExchangePlace::Host, false},
+    {"host group copy reads alone", inputs(false, true, true, true), false, false, false, false,
+     false, ExchangePlace::Local, false},
+    {"host group borrow mmap: mapped views",
+     with(inputs(false, false, true, true), false, false, true), false, true, false, true, true,
+     ExchangePlace::Local, false},
     {"host exchange mmap: no mapped iteration",
-     with(inputs(false, false, true, true), false, false, true), false, true, false, true, false,
-     ExchangePlace::Host, false},
+     policy(with(inputs(false, false, true, true), false, false, true), ExchangePolicy::Always),
+     false, true, false, true, false, ExchangePlace::Host, false},
     {"device exchange", inputs(true, true, true, true), true, true, false, false, false,
      ExchangePlace::Device, false},
     {"forced staging exchange", with(inputs(false, true, true, true), true, false, false), true,
@@ -87,6 +98,61 @@ TEST(LoadMode, EveryCombinationOfTargetOptionsAndGroup) {
   }
 }
 
+// The exchange by cost: which group exchanges, where, and why (what stats() says).
+struct ExchangeRow {
+  const char* what;
+  LoadModeInputs in;
+  ExchangePlace exchange;
+  bool in_step;
+  const char* described;
+};
+
+const ExchangeRow kExchangeRows[] = {
+    {"single process", inputs(false, true), ExchangePlace::Local, false, "none (single process)"},
+    {"no backend for the target", inputs(true, true, true, false), ExchangePlace::Local, false,
+     "none (the group has no backend for the target)"},
+    {"host target, one host", inputs(false, true, true, true), ExchangePlace::Local, true,
+     "none (one host, host target)"},
+    {"host target borrow, one host", inputs(false, false, true, true), ExchangePlace::Local, true,
+     "none (one host, host target)"},
+    {"host target, two hosts", policy(inputs(false, true, true, true), ExchangePolicy::Auto, 2),
+     ExchangePlace::Local, true, "none (several hosts, host target: each rank reads everything)"},
+    {"host target, always", policy(inputs(false, false, true, true), ExchangePolicy::Always),
+     ExchangePlace::Host, true, "host (exchange=always)"},
+    {"device target", inputs(true, true, true, true), ExchangePlace::Device, true,
+     "device (device target)"},
+    {"device target, two hosts", policy(inputs(true, false, true, true), ExchangePolicy::Auto, 2),
+     ExchangePlace::Device, true, "device (device target)"},
+    {"device target, never", policy(inputs(true, true, true, true), ExchangePolicy::Never),
+     ExchangePlace::Local, true, "none (exchange=never)"},
+    {"forced staging, auto", with(inputs(false, true, true, true), true, false, false),
+     ExchangePlace::Device, true, "device (device target)"},
+    {"host target, never", policy(inputs(false, true, true, true), ExchangePolicy::Never),
+     ExchangePlace::Local, true, "none (exchange=never)"},
+    {"no backend, always: nothing to exchange with",
+     policy(inputs(false, true, true, false), ExchangePolicy::Always), ExchangePlace::Local, false,
+     "none (the group has no backend for the target)"},
+};
+
+TEST(LoadMode, TheExchangeIsChosenByCost) {
+  for (const ExchangeRow& row : kExchangeRows) {
+    SCOPED_TRACE(row.what);
+    LoadMode mode = choose_load_mode(row.in);
+    EXPECT_EQ(mode.exchange, row.exchange);
+    EXPECT_EQ(mode.in_step, row.in_step);
+    EXPECT_EQ(describe_exchange(mode), row.described);
+  }
+}
+
+TEST(LoadMode, AGroupReadingAloneReadsLikeOneProcess) {
+  // No shares, no ring for copy=True: each rank's reads land in its tensors, as alone.
+  LoadMode alone = choose_load_mode(inputs(false, true));
+  LoadMode group = choose_load_mode(inputs(false, true, true, true));
+  EXPECT_EQ(group.destination_of(5000, 1000), alone.destination_of(5000, 1000));
+  EXPECT_FALSE(group.uses_shares(Destination::HostOwned));
+  EXPECT_FALSE(group.uses_shares(Destination::HostRing));
+}
+
 TEST(LoadMode, DestinationsAndSharesFollowTheMode) {
   const uint64_t budget = 1000;
   LoadMode cpu_copy = choose_load_mode(inputs(false, true));
@@ -95,7 +161,8 @@ TEST(LoadMode, DestinationsAndSharesFollowTheMode) {
   LoadMode cpu_borrow = choose_load_mode(inputs(false, false));
   EXPECT_EQ(cpu_borrow.destination_of(5, budget), Destination::HostRing);
   EXPECT_FALSE(cpu_borrow.uses_shares(Destination::HostRing));  // one read per group
-  LoadMode host_exchange = choose_load_mode(inputs(false, true, true, true));
+  LoadMode host_exchange =
+      choose_load_mode(policy(inputs(false, true, true, true), ExchangePolicy::Always));
   EXPECT_EQ(host_exchange.destination_of(5, budget), Destination::HostRing);
   EXPECT_TRUE(host_exchange.uses_shares(Destination::HostRing));  // rank shares, in place
   LoadMode device_copy = choose_load_mode(inputs(true, true));

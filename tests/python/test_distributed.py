@@ -1,5 +1,7 @@
 """Distributed loading with gloo on the CPU, one process per rank.
 
+By default (exchange="auto") a host target's ranks read alone through the page cache they
+share, meeting in status rounds; the tests of the exchange itself force it (exchange="always").
 The exchange runs in units: each rank reads its slice of a unit, a status round, then one
 in-place all-gather. With `_force_staging` the same exchange runs in the transfer stage's device
 ring (a CPU "device" here), the path NCCL takes on GPUs. Groups are shaped like the ones vLLM
@@ -29,6 +31,7 @@ RANK_SCRIPT = textwrap.dedent("""
     rank, world, spec = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
     files = spec["files"][rank]
     spec["options"].update(spec.get("rank_options", {}).get(str(rank), {}))
+    os.environ.update(spec.get("rank_env", {}).get(str(rank), {}))  # read at open
     if spec.get("fault_rank") == rank:
         torch.ops.load_library(spec["testing_library"])
     dist.init_process_group(spec.get("backend", "gloo"), init_method="file://" + spec["store"],
@@ -190,7 +193,7 @@ def assert_read_once_in_shares(results, total, world):
     (3, True, False), (3, False, True)])
 def test_every_rank_gets_every_tensor_reading_a_share(tmp_path, checkpoint, world, copy, staged):
     paths, expected, total = checkpoint
-    options = {"copy": copy, "chunk_size": 4096, "_force_staging": staged}
+    options = {"copy": copy, "chunk_size": 4096, "_force_staging": staged, "exchange": "always"}
     if not copy:
         options["buffer_size"] = 96 << 10  # the ring wraps several times
     if staged:
@@ -207,7 +210,8 @@ def test_every_rank_gets_every_tensor_reading_a_share(tmp_path, checkpoint, worl
 def test_keys_selection_exchanges_only_the_selected_tensors(tmp_path, checkpoint):
     paths, expected, _ = checkpoint
     keys = ["embed", "layer.3.weight", "tiny", "empty"]
-    results = run_ranks(tmp_path, [paths] * 2, {"keys": keys, "chunk_size": 4096})
+    results = run_ranks(tmp_path, [paths] * 2,
+                        {"keys": keys, "chunk_size": 4096, "exchange": "always"})
     for result in results:
         assert "error" not in result, result["error"]
         assert result["digests"] == {k: expected[k] for k in keys}
@@ -219,7 +223,8 @@ def test_a_tensor_filter_with_a_group_exchanges_the_selection_every_rank_shares(
     # Upstream refuses tensor_filter with a process group; the same selection on every rank is
     # fine here: the handshake's digest covers it.
     paths, expected, _ = checkpoint
-    options = {"tensor_filter": ["layer.1*", "tiny", "emb?d"], "chunk_size": 4096}
+    options = {"tensor_filter": ["layer.1*", "tiny", "emb?d"], "chunk_size": 4096,
+               "exchange": "always"}
     results = run_ranks(tmp_path, [paths] * 2, options)
     selected = {"layer.1.weight", "layer.10.weight", "layer.11.weight", "tiny", "embed"}
     for result in results:
@@ -255,7 +260,8 @@ def test_a_group_without_a_backend_for_the_target_loads_locally_and_warns(tmp_pa
 
 def test_a_group_with_several_backends_uses_the_targets(tmp_path, checkpoint):
     paths, expected, total = checkpoint
-    results = run_ranks(tmp_path, [paths] * 2, {"copy": False, "chunk_size": 4096},
+    results = run_ranks(tmp_path, [paths] * 2,
+                        {"copy": False, "chunk_size": 4096, "exchange": "always"},
                         backend="cpu:gloo,cuda:gloo")
     for result in results:
         assert "error" not in result, result["error"]
@@ -291,11 +297,15 @@ def test_mismatched_files_raise_at_the_handshake_then_the_group_works(tmp_path, 
         assert result["retry"].get("digests") == expected, result["retry"]
 
 
-@pytest.mark.parametrize("world,staged", [(2, False), (3, True)])
+# auto: a host target reads alone (status rounds only), a staged one exchanges; never: the
+# staged path reading alone; always: the host exchange.
+@pytest.mark.parametrize("world,staged,exchange", [
+    (2, False, "auto"), (3, False, "auto"), (2, False, "always"), (3, True, "auto"),
+    (2, True, "never")])
 def test_an_injected_read_error_on_one_rank_raises_on_every_rank(tmp_path, checkpoint, world,
-                                                                 staged):
+                                                                 staged, exchange):
     paths, expected, _ = checkpoint
-    options = {"copy": True, "chunk_size": 4096, "_force_staging": staged}
+    options = {"copy": True, "chunk_size": 4096, "_force_staging": staged, "exchange": exchange}
     results = run_ranks(tmp_path, [paths] * world, options, timeout=120, fault_rank=1,
                         fault_read=3, testing_library=fault_library(), retry=True,
                         retry_files=[paths] * world)
@@ -307,11 +317,12 @@ def test_an_injected_read_error_on_one_rank_raises_on_every_rank(tmp_path, check
         assert result["retry"].get("digests") == expected, result["retry"]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_file_changed_on_one_rank_raises_on_every_rank(tmp_path, checkpoint, world):
+@pytest.mark.parametrize("world,exchange", [(2, "auto"), (3, "auto"), (2, "always")])
+def test_a_file_changed_on_one_rank_raises_on_every_rank(tmp_path, checkpoint, world, exchange):
     paths, expected, _ = checkpoint
     per_rank = copies_per_rank(tmp_path, paths, world)
-    results = run_ranks(tmp_path, per_rank, {"copy": True}, timeout=120, break_rank=1)
+    results = run_ranks(tmp_path, per_rank, {"copy": True, "exchange": exchange}, timeout=120,
+                        break_rank=1)
     assert "changed since it was opened" in results[1]["error"], results[1]
     for rank, result in enumerate(results):
         if rank != 1:
@@ -327,19 +338,21 @@ def test_load_into_fills_every_destination_on_every_rank(tmp_path, checkpoint):
         assert result["stats"]["bytes_read"] == total  # each rank reads what it fills
 
 
-@pytest.mark.parametrize("failure,world,staged", [
-    (None, 2, False), ("read", 2, False), ("read", 3, True), ("changed", 2, False),
-    ("changed", 3, True),
+@pytest.mark.parametrize("failure,world,staged,exchange", [
+    (None, 2, False, "always"), ("read", 2, False, "always"), ("read", 3, True, "auto"),
+    ("changed", 2, False, "always"), ("changed", 3, True, "auto"),
+    (None, 2, False, "auto"), ("read", 2, False, "auto"), ("read", 3, False, "auto"),
+    ("changed", 3, False, "auto"), ("read", 2, True, "never"),
 ])
 def test_every_rank_makes_the_same_collectives_in_the_same_order_whatever_fails(
-        tmp_path, checkpoint, failure, world, staged):
+        tmp_path, checkpoint, failure, world, staged, exchange):
     # The exchange protocol's promise: a failure on one rank changes what every rank does
     # (they all stop after the same status round), never the sequence of collectives, so no
     # rank waits in a collective the others skipped. Each rank records its collectives
     # (test-only INSTANTTENSOR_TESTING_TRACE_COLLECTIVES) through a failed load and a retry.
     paths, expected, _ = checkpoint
     trace = str(tmp_path / "collectives")
-    options = {"copy": True, "chunk_size": 4096, "_force_staging": staged}
+    options = {"copy": True, "chunk_size": 4096, "_force_staging": staged, "exchange": exchange}
     spec = {}
     files = [paths] * world
     if failure == "read":
@@ -360,3 +373,94 @@ def test_every_rank_makes_the_same_collectives_in_the_same_order_whatever_fails(
             assert result["retry"].get("digests") == expected, result["retry"]
         else:
             assert result.get("digests") == expected, result
+
+
+# -- the exchange by cost ----------------------------------------------------------------------
+
+def assert_each_rank_read_everything(results, total, expected):
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert result["stats"]["bytes_read"] == total  # read alone, each byte once
+        assert result["stats"]["bytes_received"] == 0
+        assert result["warnings"] == []
+
+
+@pytest.mark.parametrize("world,copy", [(2, True), (2, False), (3, True)])
+def test_ranks_on_one_host_read_alone_through_its_page_cache(tmp_path, checkpoint, world, copy):
+    paths, expected, total = checkpoint
+    options = {"copy": copy, "chunk_size": 4096}
+    if not copy:
+        options["buffer_size"] = 96 << 10  # the ring wraps several times
+    results = run_ranks(tmp_path, [paths] * world, options)
+    assert_each_rank_read_everything(results, total, expected)
+    for result in results:
+        assert result["stats"]["exchange"] == "none (one host, host target)"
+        assert "share its page cache" in result["stats"]["backend"]
+
+
+def test_two_host_identities_each_rank_reads_everything(tmp_path, checkpoint):
+    # Two "hosts" of two ranks each (test-only identities): a host target still reads alone.
+    paths, expected, total = checkpoint
+    hosts = {"0": "a", "1": "a", "2": "b", "3": "b"}
+    results = run_ranks(tmp_path, [paths] * 4, {"copy": True},
+                        rank_env={r: {"INSTANTTENSOR_TESTING_HOST_ID": h} for r, h in hosts.items()})
+    assert_each_rank_read_everything(results, total, expected)
+    for result in results:
+        assert result["stats"]["exchange"] == (
+            "none (several hosts, host target: each rank reads everything)")
+        assert "share its page cache" in result["stats"]["backend"]  # two ranks per host
+
+
+def test_ranks_that_each_are_a_host_of_their_own_do_not_split_cores(tmp_path, checkpoint):
+    paths, expected, total = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {"copy": True},
+                        rank_env={"0": {"INSTANTTENSOR_TESTING_HOST_ID": "a"},
+                                  "1": {"INSTANTTENSOR_TESTING_HOST_ID": "b"}})
+    assert_each_rank_read_everything(results, total, expected)
+    for result in results:
+        assert "share its page cache" not in result["stats"]["backend"]
+
+
+@pytest.mark.parametrize("exchange,staged,described", [
+    ("always", False, "host (exchange=always)"),
+    ("never", True, "none (exchange=never)"),
+    ("auto", True, "device (device target)"),
+])
+def test_the_exchange_override(tmp_path, checkpoint, exchange, staged, described):
+    paths, expected, total = checkpoint
+    options = {"copy": True, "chunk_size": 4096, "_force_staging": staged,
+               "staging_size": 32 << 10}
+    results = run_ranks(tmp_path, [paths] * 2, options,
+                        env={"INSTANTTENSOR_EXCHANGE": exchange.upper()})
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert result["stats"]["exchange"] == described
+    if exchange == "never":
+        assert_each_rank_read_everything(results, total, expected)
+    else:
+        assert_read_once_in_shares(results, total, 2)
+
+
+def test_ranks_that_disagree_on_the_exchange_raise_at_the_handshake(tmp_path, checkpoint):
+    paths, _, _ = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {"copy": True},
+                        rank_options={"0": {"exchange": "always"}, "1": {"exchange": "auto"}})
+    for result in results:
+        assert "different checkpoints, selections or layout options" in result.get("error", "")
+        assert "exchange" in result["error"]
+
+
+def test_a_single_process_says_it_exchanged_nothing_and_a_bad_value_is_an_error(checkpoint,
+                                                                                 monkeypatch):
+    import instanttensor
+
+    paths, _, _ = checkpoint
+    with instanttensor.safe_open(paths) as f:
+        assert f.stats()["exchange"] == "none (single process)"
+    with pytest.raises(ValueError, match="exchange='sometimes'.*auto, always or never"):
+        instanttensor.safe_open(paths, exchange="sometimes")
+    monkeypatch.setenv("INSTANTTENSOR_EXCHANGE", "yes")
+    with pytest.raises(ValueError, match="INSTANTTENSOR_EXCHANGE"):
+        instanttensor.safe_open(paths)

@@ -1,0 +1,30 @@
+// Which ranks of a process group share a page cache for the checkpoint's files: the handshake
+// carries each rank's identity, and ranks with equal identities read through one page cache
+// (so they need not exchange what one of them reads). Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace instanttensor::loader {
+
+// A digest of the kernel's boot id (/proc/sys/kernel/random/boot_id: one per running kernel,
+// shared by every container on it, new at each boot) and the device and inode numbers of each
+// of `fds` (the checkpoint's open files). The page cache belongs to a kernel and is indexed by
+// inode, so two processes get equal identities exactly when they run on one kernel and opened
+// the same files, not copies of them: two containers bind-mounting one folder agree; two
+// machines, or two copies of the files, do not. (A hostname would make two containers on one
+// machine differ though they share its cache, and says nothing about which files they see.)
+// Test-only: INSTANTTENSOR_TESTING_HOST_ID=<text> replaces the identity with a digest of the
+// text, so a test on one machine can play several hosts. Any thread; reads /proc and fstat.
+uint64_t host_identity(const std::vector<int>& fds);
+
+// From every rank's identity (index: rank), what `rank` shares: how many ranks (itself
+// included) have its identity, and how many distinct identities there are. Pure.
+struct HostTopology {
+  int local_ranks = 1;
+  int hosts = 1;
+};
+HostTopology host_topology(const std::vector<uint64_t>& identities, int rank);
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,39 @@
+// Where ranks reading alone meet (loader/step_rounds.h): item 0, an item past each stride of
+// bytes, and the end; decided by the item sizes alone.
+#include <gtest/gtest.h>
+
+#include "loader/step_rounds.h"
+
+namespace instanttensor::loader {
+namespace {
+
+std::vector<size_t> round_items(const StepRounds& rounds) {
+  std::vector<size_t> items;
+  for (size_t r = 0; r < rounds.count(); ++r) items.push_back(rounds.item_of(r));
+  return items;
+}
+
+TEST(StepRounds, AtTheStartAfterEachStrideAndAtTheEnd) {
+  // Bytes before each item: 0, 40, 80, 120, 160, 200 (stride 100: past 100 at item 3, past 200
+  // at item 5).
+  StepRounds rounds({40, 40, 40, 40, 40, 40}, 100);
+  EXPECT_EQ(round_items(rounds), (std::vector<size_t>{0, 3, 5, 6}));
+}
+
+TEST(StepRounds, OneLargeItemCrossingSeveralStridesMakesOneRound) {
+  StepRounds rounds({10, 1000, 10, 10}, 100);
+  EXPECT_EQ(round_items(rounds), (std::vector<size_t>{0, 2, 4}));
+}
+
+TEST(StepRounds, FewBytesMeetAtTheStartAndTheEnd) {
+  EXPECT_EQ(round_items(StepRounds({1, 2, 3})), (std::vector<size_t>{0, 3}));
+  EXPECT_EQ(round_items(StepRounds({0, 0})), (std::vector<size_t>{0, 2}));
+}
+
+TEST(StepRounds, NoItemsMeetOnce) {
+  StepRounds rounds({});
+  EXPECT_EQ(round_items(rounds), (std::vector<size_t>{0}));
+}
+
+}  // namespace
+}  // namespace instanttensor::loader
