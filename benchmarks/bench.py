@@ -2,7 +2,8 @@
 """Side-by-side load benchmark: instanttensor, its peers and the physical ceilings, one run.
 
     python benchmarks/bench.py [--size-gb 4] [--dir DIR | --checkpoint DIR] [--samples 3]
-                                  [--modes cold,warm] [--json PATH] [--ranks N [--copy]]
+                                  [--modes cold,warm] [--json PATH]
+                                  [--ranks N [--copy] [--hosts H]]
                                   [--scenarios]
 
 Workload, identical for every contender: iterate all tensors and copy each into a preallocated
@@ -14,10 +15,12 @@ mincore); warm samples read the files once beforehand. Ceilings, measured in the
 an O_DIRECT sequential read of the same files at the same request size and depth (cold) and a
 memory copy of the same number of bytes (warm).
 
-With --ranks N: distributed loading over gloo on this machine, N processes in one group against
-one process, the same checkpoint and workload, interleaved: wall time (the slowest rank, from a
-barrier) and the share of the bytes each rank read. The ranks share this machine's disk, so no
-speed-up is possible here: the question is how close N ranks come to one process.
+With --ranks N [--hosts H]: N processes on this machine, each loading every tensor, in five rows:
+one process alone (reference), N ranks passing their gloo group, the same N ranks each loading
+alone (process_group=None), N ranks with the exchange forced (exchange=always: the old default),
+and safetensors at N ranks; interleaved, wall time of the slowest rank from a barrier, the share
+of the bytes each rank read, and what stats()["exchange"] said. --hosts H gives the ranks H
+test-only host identities (INSTANTTENSOR_TESTING_HOST_ID) to play H hosts of N/H ranks.
 """
 
 from __future__ import annotations
@@ -129,86 +132,127 @@ CONTENDERS: dict[str, Callable] = {
 }
 
 
-def _rank_worker(rank: int, world: int, store: str, copy: bool, files: list[str]) -> dict:
-    """One rank of a --ranks sample: loads the checkpoint over a gloo group, timed between
-    barriers, with the same copy-into-destination workload."""
+# The rows of a --ranks table: how N ranks on this host load the checkpoint together.
+RANK_KINDS = {
+    "group": "instanttensor, the group passed",
+    "alone": "instanttensor, each rank alone",
+    "exchange": "instanttensor, exchange=always",
+    "safetensors": "safetensors safe_open",
+}
+
+
+def _rank_worker(rank: int, world: int, store: str, copy: bool, kind: str,
+                 files: list[str]) -> dict:
+    """One rank of a --ranks sample: loads the checkpoint (kind: RANK_KINDS) timed between
+    barriers of a gloo group, with the same copy-into-destination workload."""
     import torch.distributed as dist
 
     from instanttensor import safe_open
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     dest = destinations(files)
+    group = dist.group.WORLD if world > 1 and kind in ("group", "exchange") else None
     dist.barrier()
     start = time.perf_counter()
-    with safe_open(files, process_group=dist.group.WORLD if world > 1 else None, copy=copy) as f:
-        for name, tensor in f.tensors():
-            dest[name].copy_(tensor)
-        stats = f.stats()
+    stats = {"bytes_read": sum(t.nbytes for t in dest.values()), "exchange": "-"}
+    if kind == "safetensors":
+        from safetensors import safe_open as reference_open
+
+        for path in files:
+            with reference_open(path, framework="pt") as f:
+                for name in f.keys():
+                    dest[name].copy_(f.get_tensor(name))
+    else:
+        options = {"exchange": "always"} if kind == "exchange" else {}
+        with safe_open(files, process_group=group, copy=copy, **options) as f:
+            for name, tensor in f.tensors():
+                dest[name].copy_(tensor)
+            stats = f.stats()
     seconds = time.perf_counter() - start
     dist.barrier()
     dist.destroy_process_group()
-    return {"seconds": seconds, "bytes_read": stats["bytes_read"]}
+    return {"seconds": seconds, "bytes_read": stats["bytes_read"], "exchange": stats["exchange"]}
 
 
-def _sample_ranks(world: int, copy: bool, files: list[str]) -> dict:
+def _sample_ranks(world: int, copy: bool, kind: str, hosts: int, files: list[str]) -> dict:
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         store = os.path.join(folder, "store")
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank-worker",
-                                   f"{rank},{world},{store},{int(copy)}", "--files", *files],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(world)]
+        procs = []
+        for rank in range(world):
+            env = dict(os.environ)
+            if hosts > 1:  # test-only host identities: ranks in `hosts` equal blocks
+                env["INSTANTTENSOR_TESTING_HOST_ID"] = f"host{rank * hosts // world}"
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--rank-worker",
+                 f"{rank},{world},{store},{int(copy)},{kind}", "--files", *files],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
         outputs = [p.communicate(timeout=900) for p in procs]
     if any(p.returncode != 0 for p in procs):
         last = [(err.strip().splitlines() or ["failed"])[-1] for _, err in outputs]
         return {"error": "; ".join(last)[:200]}
     ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    return {"seconds": max(r["seconds"] for r in ranks), "bytes_read": [r["bytes_read"] for r in ranks]}
+    return {"seconds": max(r["seconds"] for r in ranks),
+            "bytes_read": [r["bytes_read"] for r in ranks], "exchange": ranks[0]["exchange"]}
 
 
 def run_ranks(args: argparse.Namespace) -> int:
-    """--ranks N: one process against N ranks, interleaved, cold and warm."""
+    """--ranks N: N ranks passing the group, the same ranks each loading alone, N ranks with
+    the exchange forced, safetensors at N ranks, and one process alone; interleaved (each round
+    starts one row later), a fresh process per rank and sample, medians; cold and warm."""
     files = checkpoint_files(args)
     total = sum(os.path.getsize(f) for f in files)
-    worlds = [1, args.ranks]
+    rows = [("1 process", 1, "alone")] + [
+        (f"{args.ranks} ranks: {RANK_KINDS[k]}", args.ranks, k)
+        for k in ("group", "alone", "exchange", "safetensors")]
     results: dict = {"files": files, "bytes": total, "samples": args.samples, "copy": args.copy,
-                     "ranks": args.ranks, "modes": {}}
+                     "ranks": args.ranks, "hosts": args.hosts, "modes": {}}
     for mode in [m for m in args.modes.split(",") if m]:
-        table = {world: {"samples": []} for world in worlds}
+        table = {label: {"samples": []} for label, _, _ in rows}
         for round_index in range(args.samples):
-            for world in worlds:
-                if "error" in table[world]:
+            shift = round_index % len(rows)
+            for label, world, kind in rows[shift:] + rows[:shift]:
+                if "error" in table[label]:
                     continue
                 evict(files) if mode == "cold" else warm_up(files)
-                print(f"\r[{mode} {round_index + 1}/{args.samples}] {world} rank(s)   ", end="",
+                print(f"\r[{mode} {round_index + 1}/{args.samples}] {label[:40]:40s}", end="",
                       flush=True)
-                sample = _sample_ranks(world, args.copy, files)
+                sample = _sample_ranks(world, args.copy, kind, args.hosts, files)
                 if "error" in sample:
-                    table[world]["error"] = sample["error"]
+                    table[label]["error"] = sample["error"]
                 else:
-                    table[world]["samples"].append(sample)
+                    table[label]["samples"].append(sample)
         print("\r" + " " * 60 + "\r", end="")
+        hosts = f", {args.hosts} host identities" if args.hosts > 1 else ""
         print(f"\n{mode}, copy={args.copy} ({total / 1e9:.2f} GB in {len(files)} files, "
-              f"median of {args.samples}, gloo on this machine):")
-        print(f"  {'load':14s} {'seconds':>8s} {'GB/s':>6s} {'x 1 process':>11s}  "
-              f"bytes read per rank (share of the checkpoint)")
-        single = None
-        for world, row in table.items():
+              f"median of {args.samples}, gloo on this machine{hosts}):")
+        print(f"  {'load':50s} {'seconds':>7s} {'GB/s':>5s} {'x alone':>7s} {'x st':>5s}  "
+              f"read per rank (share)  exchange")
+        for label, world, _ in rows:
+            row = table[label]
+            if row["samples"]:
+                row["seconds"] = statistics.median(s["seconds"] for s in row["samples"])
+                row["share_read"] = [
+                    statistics.median(s["bytes_read"][r] for s in row["samples"]) / total
+                    for r in range(world)]
+                row["exchange"] = row["samples"][-1]["exchange"]
+        alone = table[rows[2][0]].get("seconds")
+        reference = table[rows[4][0]].get("seconds")
+        for label, world, _ in rows:
+            row = table[label]
             if not row["samples"]:
-                print(f"  {world} rank(s)      n/a  {row.get('error', '')}")
+                print(f"  {label:50s}     n/a  {row.get('error', '')}")
                 continue
-            row["seconds"] = statistics.median(s["seconds"] for s in row["samples"])
             row["gb_per_s"] = total / row["seconds"] / 1e9
-            row["share_read"] = [statistics.median(s["bytes_read"][r] for s in row["samples"]) / total
-                                 for r in range(world)]
-            single = row["seconds"] if world == 1 else single
-            row["x_single"] = row["seconds"] / single if single else None
-            ratio = f"{row['x_single']:11.2f}" if row["x_single"] else f"{'-':>11s}"
+            row["x_alone"] = row["seconds"] / alone if alone and world > 1 else None
+            row["x_safetensors"] = row["seconds"] / reference if reference and world > 1 else None
+            x_alone = f"{row['x_alone']:7.2f}" if row["x_alone"] else f"{'-':>7s}"
+            x_st = f"{row['x_safetensors']:5.2f}" if row["x_safetensors"] else f"{'-':>5s}"
             shares = ", ".join(f"{s:.2f}" for s in row["share_read"])
-            print(f"  {str(world) + ' rank(s)':14s} {row['seconds']:8.2f} {row['gb_per_s']:6.2f} "
-                  f"{ratio}  {shares}")
-        results["modes"][mode] = {str(w): r for w, r in table.items()}
+            print(f"  {label:50s} {row['seconds']:7.2f} {row['gb_per_s']:5.2f} {x_alone} {x_st}"
+                  f"  {shares:20s}  {row['exchange']}")
+        results["modes"][mode] = table
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=2)
@@ -390,6 +434,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare N ranks over gloo with one process instead of the peers")
     parser.add_argument("--copy", action="store_true", help="with --ranks: copy=True (default: "
                         "copy=False, borrowed views)")
+    parser.add_argument("--hosts", type=int, default=1, help="with --ranks: give the ranks this "
+                        "many test-only host identities (equal blocks of ranks), to play hosts")
     parser.add_argument("--scenarios", action="store_true",
                         help="per-open cost and many-tensor checkpoints instead of the load table")
 
@@ -403,8 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.rank_worker:
-        rank, world, store, copy = args.rank_worker.split(",")
-        print(json.dumps(_rank_worker(int(rank), int(world), store, copy == "1", args.files)))
+        rank, world, store, copy, kind = args.rank_worker.split(",")
+        print(json.dumps(_rank_worker(int(rank), int(world), store, copy == "1", kind,
+                                      args.files)))
         return 0
     if args.worker:
         before = _copy_sources if args.worker == "ceiling: memcpy" else None

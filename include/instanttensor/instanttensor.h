@@ -39,7 +39,8 @@ struct OpenOptions {
   // Bytes per read request. Default: 8 MiB (rounded up to the O_DIRECT alignment).
   std::optional<int64_t> chunk_size;
   // Read worker threads. Default: 4, at most the core count for buffered reads and mapping
-  // copies; 0 (reads on the calling thread) for selections of 8 MiB or less without a group.
+  // copies (divided among the ranks of a group that read alone on one host); 0 (reads on the
+  // calling thread) for selections of 8 MiB or less unless a group exchanges them.
   std::optional<int64_t> concurrency;
   // Reads in flight on io_uring (the pread pool keeps one per worker). Default: 32.
   std::optional<int64_t> io_depth;
