@@ -39,8 +39,8 @@ struct OpenOptions {
   // Bytes per read request. Default: 8 MiB (rounded up to the O_DIRECT alignment).
   std::optional<int64_t> chunk_size;
   // Read worker threads. Default: 4, at most the core count for buffered reads and mapping
-  // copies (divided among the ranks of a group that read alone on one host); 0 (reads on the
-  // calling thread) for selections of 8 MiB or less unless a group exchanges them.
+  // copies of files mostly in the page cache; 0 (reads on the calling thread) for selections of
+  // 8 MiB or less unless a group exchanges them.
   std::optional<int64_t> concurrency;
   // Reads in flight on io_uring (the pread pool keeps one per worker). Default: 32.
   std::optional<int64_t> io_depth;
@@ -57,9 +57,9 @@ struct OpenOptions {
   c10::intrusive_ptr<c10d::ProcessGroup> process_group;
   // Whether a group exchanges bytes: "auto" (default), "always" or "never", any case;
   // INSTANTTENSOR_EXCHANGE. auto: device targets exchange (each rank reads 1/world, the group's
-  // device backend moves the rest); host targets do not: each rank reads what it needs itself
-  // through the page cache (buffered when several ranks share a host, so the disk is read once
-  // for all of them, and the host's cores are split among its ranks). Either way the group
+  // device backend moves the rest); host targets do not: each rank reads what it needs itself,
+  // as one process would (warm, from the page cache the ranks of a host share). Either way the
+  // group
   // checks at open that every rank loads the same thing, and a failure on one rank raises on
   // every rank. Every rank must pass the same value. stats().exchange says what was chosen.
   std::optional<std::string> exchange;

@@ -17,6 +17,13 @@ IoSetup::IoSetup(const std::vector<std::string>& backend_names,
                  const std::vector<FileToRead>& files) {
   bool want_direct = false;
   std::string skipped;
+  uint64_t total = 0;
+  double resident = 0;
+  for (const auto& file : files) {
+    total += file.size;
+    resident += resident_fraction(file.buffered_fd, file.size) * static_cast<double>(file.size);
+  }
+  mostly_resident_ = total == 0 || resident / static_cast<double>(total) >= kMostlyResident;
   for (const auto& name : backend_names) {
     if (name == "mmap") {
       try {
@@ -28,13 +35,7 @@ IoSetup::IoSetup(const std::vector<std::string>& backend_names,
       break;
     }
     if (name == "auto") {
-      uint64_t total = 0;
-      double resident = 0;
-      for (const auto& file : files) {
-        total += file.size;
-        resident += resident_fraction(file.buffered_fd, file.size) * static_cast<double>(file.size);
-      }
-      want_direct = total > 0 && resident / static_cast<double>(total) < kMostlyResident;
+      want_direct = !mostly_resident_;
     } else {
       want_direct = name == "direct" || name == "uring";
       uring_ = name == "uring" || name == "uring_buffered";

@@ -34,6 +34,9 @@ class IoSetup {
   // Reads start and end on multiples of this, and land on addresses aligned to it (1: any).
   uint64_t alignment() const { return alignment_; }
   bool direct() const { return alignment_ > 1; }
+  // Whether at least half of the files' bytes were in the page cache at construction (reads
+  // then copy memory; else they wait on the storage).
+  bool mostly_resident() const { return mostly_resident_; }
   // The mapping of every file when the mmap backend was chosen, else nullptr.
   const std::shared_ptr<const MappedFiles>& mapping() const { return mapping_; }
   // The buffered fd of file `index` (reads that O_DIRECT cannot take: unaligned destinations).
@@ -63,6 +66,7 @@ class IoSetup {
   std::vector<int> owned_fds_;
   uint64_t alignment_ = 1;
   bool uring_ = false;
+  bool mostly_resident_ = false;
   std::string description_;
   std::string note_;
 };

@@ -14,8 +14,10 @@ namespace instanttensor::loader {
 class StepRounds {
  public:
   // Bytes handed out between two rounds: a rank learns of another's failure within this many
-  // bytes, and a round (one small all-gather) costs well under a millisecond.
-  static constexpr uint64_t kStrideBytes = 64ull << 20;
+  // bytes. A round (one small all-gather) costs well under a millisecond, but each is a
+  // barrier: the ranks wait for the slowest at every one, so few rounds keep them loosely
+  // coupled.
+  static constexpr uint64_t kStrideBytes = 256ull << 20;
 
   // `item_bytes`: the bytes of each item of the plan, in storage order. Rounds: before item
   // 0, before the first item past each multiple of `stride` bytes, and at the end (item

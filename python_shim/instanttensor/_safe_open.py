@@ -126,7 +126,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     process_group (torch.distributed): every rank gets every tensor; the ranks check at open
     that they load the same thing and a failure on one raises on all. exchange="auto" (default,
     or INSTANTTENSOR_EXCHANGE): device targets exchange bytes over the group (each rank reads
-    1/world), host targets do not (each rank reads through the shared page cache);
+    1/world), host targets do not (each rank reads what it needs, as one process would);
     "always"/"never" override it, alike on every rank. stats()["exchange"] says which and why.
 
     Errors: FileNotFoundError / PermissionError / OSError for I/O, ValueError for malformed

@@ -412,7 +412,7 @@ def test_two_host_identities_each_rank_reads_everything(tmp_path, checkpoint):
         assert "share its page cache" in result["stats"]["backend"]  # two ranks per host
 
 
-def test_ranks_that_each_are_a_host_of_their_own_do_not_split_cores(tmp_path, checkpoint):
+def test_ranks_that_each_are_a_host_of_their_own_share_no_page_cache(tmp_path, checkpoint):
     paths, expected, total = checkpoint
     results = run_ranks(tmp_path, [paths] * 2, {"copy": True},
                         rank_env={"0": {"INSTANTTENSOR_TESTING_HOST_ID": "a"},
