@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "loader/host_identity.h"
@@ -214,7 +215,13 @@ void Loader::compose_parts() {
     for (size_t index : plan_.reads.items) {
       item_bytes.push_back(plan_.checkpoint->tensors()[index].nbytes);
     }
-    step_rounds_ = std::make_unique<loader::StepRounds>(item_bytes);
+    // Test-only: INSTANTTENSOR_TESTING_STEP_ROUND_BYTES=<bytes> puts rounds closer, so small
+    // test checkpoints meet between their first and last tensor too.
+    uint64_t stride = loader::StepRounds::kStrideBytes;
+    if (const char* testing = std::getenv("INSTANTTENSOR_TESTING_STEP_ROUND_BYTES")) {
+      stride = loader::parse_byte_size(testing, "INSTANTTENSOR_TESTING_STEP_ROUND_BYTES");
+    }
+    step_rounds_ = std::make_unique<loader::StepRounds>(item_bytes, stride);
   }
   factory_ = std::make_unique<loader::TensorFactory>(*plan_.checkpoint, stage_.get(), stats_);
   random_ = std::make_unique<loader::RandomAccess>(plan_, mode_, options_.device, device_budget_,

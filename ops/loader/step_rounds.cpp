@@ -3,7 +3,6 @@
 namespace instanttensor::loader {
 
 StepRounds::StepRounds(const std::vector<uint64_t>& item_bytes, uint64_t stride) {
-  at_items_.push_back(0);
   uint64_t before = 0;  // bytes of the items before the current one
   uint64_t next_mark = stride;
   for (size_t i = 0; i < item_bytes.size(); ++i) {
@@ -13,7 +12,7 @@ StepRounds::StepRounds(const std::vector<uint64_t>& item_bytes, uint64_t stride)
     }
     before += item_bytes[i];
   }
-  if (at_items_.back() != item_bytes.size()) at_items_.push_back(item_bytes.size());
+  at_items_.push_back(item_bytes.size());
 }
 
 }  // namespace instanttensor::loader

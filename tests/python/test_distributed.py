@@ -147,6 +147,11 @@ def run_ranks(tmp_path, files_per_rank, options, timeout=180, env=None, **spec):
     return results
 
 
+# Ranks that read alone meet every GiB and at the end; test-only, every 4 KiB instead, so a
+# small checkpoint's ranks meet between tensors too.
+MEET_OFTEN = {"INSTANTTENSOR_TESTING_STEP_ROUND_BYTES": "4096"}
+
+
 def digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
@@ -308,7 +313,7 @@ def test_an_injected_read_error_on_one_rank_raises_on_every_rank(tmp_path, check
     options = {"copy": True, "chunk_size": 4096, "_force_staging": staged, "exchange": exchange}
     results = run_ranks(tmp_path, [paths] * world, options, timeout=120, fault_rank=1,
                         fault_read=3, testing_library=fault_library(), retry=True,
-                        retry_files=[paths] * world)
+                        retry_files=[paths] * world, env=MEET_OFTEN)
     assert "Input/output error" in results[1].get("error", ""), results[1]
     for rank, result in enumerate(results):
         assert result.get("error"), result
@@ -362,9 +367,12 @@ def test_every_rank_makes_the_same_collectives_in_the_same_order_whatever_fails(
         spec = dict(break_rank=1)
     results = run_ranks(tmp_path, files, options, timeout=120, retry=True,
                         retry_files=[paths] * world,
-                        env={"INSTANTTENSOR_TESTING_TRACE_COLLECTIVES": trace}, **spec)
+                        env={"INSTANTTENSOR_TESTING_TRACE_COLLECTIVES": trace, **MEET_OFTEN},
+                        **spec)
     sequences = [open(f"{trace}.rank{rank}").read().splitlines() for rank in range(world)]
     assert "handshake" in sequences[0] and "status" in sequences[0]
+    if failure is None:  # ranks reading alone meet between tensors too, not only at the end
+        assert sequences[0].count("status") >= 3, sequences[0]
     for rank in range(1, world):
         assert sequences[rank] == sequences[0], (rank, sequences[0], sequences[rank])
     for result in results:
