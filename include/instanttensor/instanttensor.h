@@ -58,10 +58,10 @@ struct OpenOptions {
   // Whether a group exchanges bytes: "auto" (default), "always" or "never", any case;
   // INSTANTTENSOR_EXCHANGE. auto: device targets exchange (each rank reads 1/world, the group's
   // device backend moves the rest); host targets do not: each rank reads what it needs itself,
-  // as one process would (warm, from the page cache the ranks of a host share). Either way the
-  // group
-  // checks at open that every rank loads the same thing, and a failure on one rank raises on
-  // every rank. Every rank must pass the same value. stats().exchange says what was chosen.
+  // as one process would (warm, from the page cache the ranks of a host share). Either way
+  // the group checks at open that every rank loads the same thing, and a failure on one rank
+  // raises on every rank. Every rank must pass the same value. stats().exchange says what was
+  // chosen.
   std::optional<std::string> exchange;
   // Staged transfer (always used for accelerator targets): reads land in a host staging ring of
   // staging_size bytes (pinned for accelerators; default: 64 MiB, at least 32 KiB) and are

@@ -10,8 +10,8 @@ namespace instanttensor::loader {
 
 // Where the bytes of a distributed load meet.
 enum class ExchangePlace {
-  Local,   // no exchange: one process, or the group has no backend for the target (every rank
-           // reads the whole checkpoint itself)
+  Local,   // no exchange: one process, a group with no backend for the target, a host target
+           // (auto) or exchange=never: every rank reads the whole checkpoint itself
   Host,    // host memory (a CPU target): reads land in the host ring, gathered there
   Device,  // the target's memory behind the transfer stage: the device ring, gathered there
 };

@@ -79,7 +79,7 @@ class Loader {
   // Distributed: agrees with the other ranks on the checkpoint, the layout and the device
   // budget, and learns their host identities (one collective).
   void open_exchange(const std::vector<size_t>& selected, const OpenOptions& options);
-  // Ranks of this host read alone, side by side, through one page cache.
+  // Ranks of this host read alone, side by side (through one page cache when buffered).
   bool shares_page_cache() const;
   void size_and_plan(std::vector<size_t> selected, const OpenOptions& options);
   void compose_parts();
@@ -113,6 +113,8 @@ class Loader {
   void check_pass_reads();
   [[noreturn]] void fail_pass(Error error);
   std::pair<std::string, at::Tensor> hand_out(size_t item);
+  // mmap with copy=false: a view of the file mapping; nothing read, no ring.
+  std::pair<std::string, at::Tensor> hand_out_mapped(size_t item);
 
   loader::ForkSafeMutex mutex_;
   loader::ProcessOwner process_;

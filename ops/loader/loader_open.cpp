@@ -56,7 +56,6 @@ void Loader::open_io(const std::vector<std::string>& backends) {
   for (const auto& file : plan_.checkpoint->files()) {
     files_to_read.push_back(io::FileToRead{file.path, file.fd, file.size});
   }
-  io_.reset();  // its O_DIRECT fds closed before the new one opens its own
   io_ = std::make_unique<io::IoSetup>(backends, files_to_read);
   plan_.io_alignment = io_->alignment();
   plan_.ring_alignment = std::max<uint64_t>(kRingAlignment, plan_.io_alignment);
@@ -111,20 +110,23 @@ void Loader::choose_mode(const std::vector<size_t>& selected, const OpenOptions&
   // The handshake told where every rank runs: the mode's final choice.
   in.hosts = exchange_->topology().hosts;
   mode_ = loader::choose_load_mode(in);
-  // Ranks of one host that read alone keep the read path one process would take: `auto`
-  // stays O_DIRECT for cold files though the ranks then read the disk once each. Buffered
-  // reads through the shared page cache (each byte from the disk once, the ranks starting each
-  // tensor at different pieces) measured slower here: 1.41 s against 0.92 s for 2 ranks and
-  // 2.29 s against 1.38 s for 3 (1 GB, cold, 2 cores), the page cache's copies costing the
-  // CPU more than the disk's second reads.
-  if (mode_.exchanging()) exchange_->prepare_gathers(mode_.exchange);
+  // Ranks that read alone keep one process's read path, O_DIRECT for cold files included,
+  // though each rank then reads the disk itself: buffered reads through the shared page cache
+  // measured slower on this project's 2-core machine (benchmarks/README.md).
+  if (mode_.exchanging()) {
+    exchange_->prepare_gathers(mode_.exchange);
+    // Units must be alike on every rank, whatever each one's O_DIRECT alignment: the chunk
+    // from the requested size alone (the digest covers that).
+    plan_.chunk_size = plan::round_up(options_.chunk_size ? options_.chunk_size : kDefaultChunk,
+                                      loader::kMaxDirectAlignment);
+  }
 }
 
 void Loader::open_exchange(const std::vector<size_t>& selected, const OpenOptions& options) {
   loader::LayoutOptions layout;
   layout.copy = options_.copy;
   layout.buffer_size = options_.buffer_size;
-  layout.chunk_size = plan_.chunk_size;
+  layout.chunk_size = options_.chunk_size;  // as asked: the rounding differs by alignment
   layout.staging_size = options.staging_size.value_or(0);
   layout.host_fallback = mode_.host_fallback;
   layout.staged = mode_.staged;
@@ -150,9 +152,11 @@ void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& opti
   in.staging_size = options.staging_size ? static_cast<uint64_t>(*options.staging_size) : 0;
   staging_request_ = in.staging_size;
   in.chunk_size = plan_.chunk_size;
-  // Ranks exchanging must size alike, whatever each one's filesystem alignment is.
-  in.read_widening = mode_.exchanging() ? 2 * loader::kMaxDirectAlignment
-                                        : (io_->direct() ? 2 * plan_.io_alignment : 0);
+  // Ranks in step widen alike, whatever each one's alignment (O_DIRECT or not, by its page
+  // cache): the exchange's units must match, and a buffer too small must be refused on every
+  // rank at once, not on a cold rank alone while the others wait in a round.
+  in.read_widening = mode_.in_step ? 2 * loader::kMaxDirectAlignment
+                                   : (io_->direct() ? 2 * plan_.io_alignment : 0);
   in.ring_alignment = plan_.ring_alignment;
   in.device_budget = device_budget_;
   auto describe = [&](size_t i) {
@@ -183,8 +187,7 @@ void Loader::start_reads() {
     threads = 0;
   }
   if (shares_page_cache()) {
-    io_->add_note(
-        c10::str(exchange_->topology().local_ranks, " ranks on this host share its page cache"));
+    io_->add_note(c10::str(exchange_->topology().local_ranks, " ranks on this host"));
   }
   int depth = options_.io_depth ? options_.io_depth : kDefaultIoDepth;
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_);

@@ -206,6 +206,15 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
   return {t.name(), factory_->aligned(tensor)};
 }
 
+std::pair<std::string, at::Tensor> Loader::hand_out_mapped(size_t item) {
+  pass_.next_item = item + 1;
+  const auto& t = plan_.tensor_of_item(item);
+  auto spec = factory_->spec(t);
+  stats_.tensors_loaded += 1;
+  auto storage = factory_->mapped(io_->mapping(), t, 0, t.nbytes);
+  return {t.name(), factory_->aligned(loader::TensorFactory::over(std::move(storage), spec))};
+}
+
 std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
   auto lock = mutex_.lock();
   ensure_open();
@@ -219,15 +228,7 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_local() {
   if (pass_.error) throw *pass_.error;
   if (pass_.next_item >= plan_.reads.items.size()) return std::nullopt;
   size_t item = pass_.next_item;
-  if (mode_.mapped_iteration) {
-    pass_.next_item = item + 1;
-    const auto& t = plan_.tensor_of_item(item);
-    auto spec = factory_->spec(t);
-    stats_.tensors_loaded += 1;
-    auto storage = factory_->mapped(io_->mapping(), t, 0, t.nbytes);
-    return std::make_pair(t.name(),
-                          factory_->aligned(loader::TensorFactory::over(std::move(storage), spec)));
-  }
+  if (mode_.mapped_iteration) return hand_out_mapped(item);
   if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
   make_ready(item, /*wait=*/true);
   pump();
@@ -252,6 +253,9 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_exchanged() {
     make_ready(item, /*wait=*/false);
   } catch (const Error& e) {
     failure = e;
+  } catch (const std::exception& e) {  // a device OutOfMemoryError: it travels with the round
+    failure = Error(ErrorKind::Io, plan_.file_of(plan_.tensor_of_item(item)),
+                    plan_.tensor_of_item(item).name(), e.what());
   }
   size_t g = plan_.reads.group_of[item];
   if (pass_.groups.empty()) {
@@ -293,13 +297,18 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_in_step() {
   if (!failure && pass_.rounds_done >= step_rounds_->count()) return std::nullopt;
   const size_t item = pass_.next_item;
   const size_t items = plan_.reads.items.size();
-  if (!failure && item < items) {
+  if (!failure && item < items && !mode_.mapped_iteration) {
     try {
       if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
       make_ready(item, /*wait=*/true);
       pump();
     } catch (const Error& e) {
       failure = e;
+    } catch (const std::exception& e) {
+      // A device allocation's OutOfMemoryError, say: it must travel with the round too, or the
+      // other ranks would wait in theirs.
+      failure = Error(ErrorKind::Io, plan_.file_of(plan_.tensor_of_item(item)),
+                      plan_.tensor_of_item(item).name(), e.what());
     }
   }
   if (failure || step_rounds_->item_of(pass_.rounds_done) == item) {
@@ -315,7 +324,7 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_in_step() {
     pass_.rounds_done += 1;
   }
   if (item >= items) return std::nullopt;
-  return hand_out(item);
+  return mode_.mapped_iteration ? hand_out_mapped(item) : hand_out(item);
 }
 
 }  // namespace instanttensor

@@ -100,7 +100,8 @@ RankExchange::Agreement RankExchange::handshake(uint64_t digest, uint64_t budget
                     differing +
                     " differ from rank 0); every rank must open the same files with the same "
                     "selection (keys or tensor_filter), copy, buffer_size, chunk_size, "
-                    "staging_size, host_fallback, exchange and target device type");
+                    "staging_size, host_fallback, staging (forced or not), exchange and target "
+                    "device type");
   }
   return agreed;
 }

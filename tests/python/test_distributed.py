@@ -304,16 +304,18 @@ def test_mismatched_files_raise_at_the_handshake_then_the_group_works(tmp_path, 
 
 # auto: a host target reads alone (status rounds only), a staged one exchanges; never: the
 # staged path reading alone; always: the host exchange.
-@pytest.mark.parametrize("world,staged,exchange", [
-    (2, False, "auto"), (3, False, "auto"), (2, False, "always"), (3, True, "auto"),
-    (2, True, "never")])
+# "rare": the default rounds (every GiB and at the end), so the failing rank meets the others at
+# the end while they read on.
+@pytest.mark.parametrize("world,staged,exchange,meet", [
+    (2, False, "auto", "often"), (3, False, "auto", "often"), (2, False, "auto", "rare"),
+    (2, False, "always", "often"), (3, True, "auto", "often"), (2, True, "never", "often")])
 def test_an_injected_read_error_on_one_rank_raises_on_every_rank(tmp_path, checkpoint, world,
-                                                                 staged, exchange):
+                                                                 staged, exchange, meet):
     paths, expected, _ = checkpoint
     options = {"copy": True, "chunk_size": 4096, "_force_staging": staged, "exchange": exchange}
     results = run_ranks(tmp_path, [paths] * world, options, timeout=120, fault_rank=1,
                         fault_read=3, testing_library=fault_library(), retry=True,
-                        retry_files=[paths] * world, env=MEET_OFTEN)
+                        retry_files=[paths] * world, env=MEET_OFTEN if meet == "often" else {})
     assert "Input/output error" in results[1].get("error", ""), results[1]
     for rank, result in enumerate(results):
         assert result.get("error"), result
@@ -404,7 +406,7 @@ def test_ranks_on_one_host_read_alone_through_its_page_cache(tmp_path, checkpoin
     assert_each_rank_read_everything(results, total, expected)
     for result in results:
         assert result["stats"]["exchange"] == "none (one host, host target)"
-        assert "share its page cache" in result["stats"]["backend"]
+        assert f"{world} ranks on this host" in result["stats"]["backend"]
 
 
 def test_two_host_identities_each_rank_reads_everything(tmp_path, checkpoint):
@@ -417,7 +419,7 @@ def test_two_host_identities_each_rank_reads_everything(tmp_path, checkpoint):
     for result in results:
         assert result["stats"]["exchange"] == (
             "none (several hosts, host target: each rank reads everything)")
-        assert "share its page cache" in result["stats"]["backend"]  # two ranks per host
+        assert "2 ranks on this host" in result["stats"]["backend"]
 
 
 def test_ranks_that_each_are_a_host_of_their_own_share_no_page_cache(tmp_path, checkpoint):
@@ -427,7 +429,7 @@ def test_ranks_that_each_are_a_host_of_their_own_share_no_page_cache(tmp_path, c
                                   "1": {"INSTANTTENSOR_TESTING_HOST_ID": "b"}})
     assert_each_rank_read_everything(results, total, expected)
     for result in results:
-        assert "share its page cache" not in result["stats"]["backend"]
+        assert "ranks on this host" not in result["stats"]["backend"]
 
 
 @pytest.mark.parametrize("exchange,staged,described", [
@@ -472,3 +474,25 @@ def test_a_single_process_says_it_exchanged_nothing_and_a_bad_value_is_an_error(
     monkeypatch.setenv("INSTANTTENSOR_EXCHANGE", "yes")
     with pytest.raises(ValueError, match="INSTANTTENSOR_EXCHANGE"):
         instanttensor.safe_open(paths)
+
+
+def test_mapped_views_with_a_group_read_nothing(tmp_path, checkpoint):
+    # mmap with copy=False: views of the mapping, as in one process (no ring, no reads).
+    paths, expected, _ = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {"copy": False, "backend": "mmap"})
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert result["stats"]["bytes_read"] == 0 and result["stats"]["materializations"] == 0
+        assert result["stats"]["exchange"] == "none (one host, host target)"
+
+
+def test_an_empty_selection_with_a_group_meets_once_and_ends(tmp_path, checkpoint):
+    paths, _, _ = checkpoint
+    trace = str(tmp_path / "collectives")
+    results = run_ranks(tmp_path, [paths] * 2, {"keys": []},
+                        env={"INSTANTTENSOR_TESTING_TRACE_COLLECTIVES": trace})
+    for rank, result in enumerate(results):
+        assert "error" not in result, result["error"]
+        assert result["digests"] == {} and result["total"] == 0
+        assert open(f"{trace}.rank{rank}").read().splitlines() == ["handshake", "status"]
