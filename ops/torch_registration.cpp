@@ -26,6 +26,22 @@ std::vector<at::Tensor> load_tensors(std::vector<std::string> files, std::vector
   return out;
 }
 
+// The (name, destination) pairs of the op's and the class's load_into as the C++ API takes
+// them: Error(Argument) naming the tensor when a name is given twice (a map would keep one
+// destination and silently leave the other unfilled).
+std::map<std::string, at::Tensor> named_destinations(const std::vector<std::string>& names,
+                                                     const std::vector<at::Tensor>& destinations,
+                                                     const char* what) {
+  std::map<std::string, at::Tensor> named;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!named.emplace(names[i], destinations[i]).second) {
+      throw Error(ErrorKind::Argument, "", names[i],
+                  std::string(what) + ": the name is given twice");
+    }
+  }
+  return named;
+}
+
 // torch.ops.instanttensor.load_into_: fills destinations[i] in place with the tensor names[i]
 // of the files (strict: every name must exist; dtype and shape must match), in one pass.
 void load_into_op(const std::vector<at::Tensor>& destinations, std::vector<std::string> files,
@@ -35,15 +51,10 @@ void load_into_op(const std::vector<at::Tensor>& destinations, std::vector<std::
                 "load_into_: " + std::to_string(destinations.size()) + " destinations for " +
                     std::to_string(names.size()) + " names");
   }
+  auto named = named_destinations(names, destinations, "load_into_");
   OpenOptions options;
   options.keys = names;
   SafeOpen opened(std::move(files), options);
-  std::map<std::string, at::Tensor> named;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (!named.emplace(names[i], destinations[i]).second) {
-      throw Error(ErrorKind::Argument, "", names[i], "load_into_: the name is given twice");
-    }
-  }
   opened.load_into(named, /*strict=*/true);
 }
 
@@ -163,9 +174,7 @@ class LoaderHolder : public torch::CustomClassHolder {
       throw Error(ErrorKind::Argument, "", "",
                   "load_into: names and destinations differ in length");
     }
-    std::map<std::string, at::Tensor> named;
-    for (size_t i = 0; i < names.size(); ++i) named.emplace(names[i], destinations[i]);
-    auto result = opened_.load_into(named, strict);
+    auto result = opened_.load_into(named_destinations(names, destinations, "load_into"), strict);
     return {std::move(result.missing_keys), std::move(result.unexpected_keys)};
   }
   at::Tensor get_rows(const std::string& name, int64_t start, int64_t stop) {

@@ -64,16 +64,17 @@ struct OpenOptions {
   // chosen.
   std::optional<std::string> exchange;
   // Staged transfer (always used for accelerator targets): reads land in a host staging ring of
-  // staging_size bytes (pinned for accelerators; default: 64 MiB, at least 32 KiB) and are
+  // staging_size bytes (pinned for accelerators; default: 64 MiB, at least 32 KiB; 0 or less
+  // is Error(Argument)) and are
   // copied to the device on the loader's stream. force_staging (default false) takes that path
   // for a CPU target too, so the whole transfer stage runs (and is tested) without an
   // accelerator.
   bool force_staging = false;
   std::optional<int64_t> staging_size;
-  // Bytes of device memory the loader may use. Default: unlimited (the Python layer passes
-  // max_free_mem_usage x free memory). copy=false: buffer_size must fit; a tensor larger than the
-  // budget is Error(Argument) naming it, before anything is allocated, or with host_fallback
-  // (default false) a CPU tensor.
+  // Bytes of device memory the loader may use (negative: Error(Argument)). Default: unlimited
+  // (the Python layer passes max_free_mem_usage x free memory). copy=false: buffer_size must fit; a
+  // tensor larger than the budget is Error(Argument) naming it, before anything is allocated, or
+  // with host_fallback (default false) a CPU tensor.
   std::optional<int64_t> device_budget;
   bool host_fallback = false;
   // What opening warns about (a process group that cannot exchange for this target, so every

@@ -191,6 +191,14 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
   } else {
     resolved.backends = {"auto"};
   }
+  // Not environment variables; the cast to unsigned sizes happens at open, so a negative
+  // value must stop here (the Loader class passes them through unchecked).
+  if (options.staging_size && *options.staging_size <= 0) {
+    bad("staging_size", std::to_string(*options.staging_size), "a positive number of bytes");
+  }
+  if (options.device_budget && *options.device_budget < 0) {
+    bad("device_budget", std::to_string(*options.device_budget), "0 or more bytes");
+  }
   if (options.exchange) {
     resolved.exchange = parse_exchange(*options.exchange, "exchange");
   } else if (auto text = env("INSTANTTENSOR_EXCHANGE")) {

@@ -314,3 +314,26 @@ def test_a_100mb_hostile_header_stays_within_the_memory_bound(tmp_path, kind, ta
     assert verdict in message, message
     # README: parsing a header costs at most 5x its size (measured 4.5x-4.7x at these worst cases).
     assert int(grown) <= 5.5 * len(header), (int(grown) / len(header), kind)
+
+
+@pytest.mark.parametrize("option,value", [("staging_size", -5), ("staging_size", 0),
+                                          ("device_budget", -7)])
+def test_the_loader_class_refuses_sizes_below_range(model_files, option, value):
+    # The class passes its integers to the engine unchecked by Python: the engine's range
+    # check is the one that must catch them (before, -5 became 2^64 - 5 bytes and loaded).
+    paths, _ = model_files
+    with pytest.raises(RuntimeError, match=f"{option}='{value}' is not valid"):
+        torch.classes.instanttensor.Loader(paths, **{option: value})
+
+
+def test_the_loader_class_refuses_a_destination_named_twice(model_files):
+    paths, tensors = model_files
+    name = sorted(tensors)[0]
+    loader = torch.classes.instanttensor.Loader(paths)
+    first = torch.zeros_like(tensors[name])
+    second = torch.zeros_like(tensors[name])
+    with pytest.raises(RuntimeError, match="the name is given twice"):
+        loader.load_into([name, name], [first, second], False)
+    assert not first.any() and not second.any()  # nothing written before the refusal
+    with pytest.raises(RuntimeError, match="the name is given twice"):
+        torch.ops.instanttensor.load_into_([first, second], paths, [name, name])
