@@ -47,10 +47,8 @@ ExchangeProtocol::ExchangeProtocol(c10::intrusive_ptr<c10d::ProcessGroup> group,
   topology_ = host_topology(agreed.host_identities, exchange_.rank());
 }
 
-void ExchangeProtocol::check_in_step(std::optional<Error> failure, const std::string& file,
+void ExchangeProtocol::check_in_step(const std::optional<Error>& failure, const std::string& file,
                                      Stats& stats) {
-  if (!failure && deferred_) failure = std::move(deferred_);
-  deferred_.reset();
   auto start = Clock::now();
   exchange_.check_statuses(failure, file);
   stats.exchange_seconds += seconds_since(start);

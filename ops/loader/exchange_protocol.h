@@ -53,8 +53,9 @@ class ExchangeProtocol {
   void prepare_gathers(ExchangePlace place) { exchange_.prepare_gathers(place); }
 
   // Ranks that read alone but walk in step (StepRounds): one status round carrying `failure`
-  // (or a deferred one). Throws on every rank when any rank failed.
-  void check_in_step(std::optional<Error> failure, const std::string& file, Stats& stats);
+  // (they defer nothing: a failing rank makes its round at once). Throws on every rank when
+  // any rank failed.
+  void check_in_step(const std::optional<Error>& failure, const std::string& file, Stats& stats);
 
   // A failure found after the current group's round: the next status round carries it.
   void defer(Error failure) { deferred_ = std::move(failure); }

@@ -72,15 +72,17 @@ class Loader {
 
   // Opening (loader.cpp).
   std::vector<size_t> selected_indices() const;
-  // The read backend for `backends`, and the alignments and chunk size that follow from it.
-  void open_io(const std::vector<std::string>& backends);
+  // The read backend for the options' chain, and the alignments and chunk size that follow.
+  void open_io();
+  // chunk_size as asked, or the default, before any rounding.
+  uint64_t requested_chunk() const;
   // The load mode; with a usable group, after the handshake (which says where the ranks run).
   void choose_mode(const std::vector<size_t>& selected, const OpenOptions& options);
   // Distributed: agrees with the other ranks on the checkpoint, the layout and the device
   // budget, and learns their host identities (one collective).
   void open_exchange(const std::vector<size_t>& selected, const OpenOptions& options);
-  // Ranks of this host read alone, side by side (through one page cache when buffered).
-  bool shares_page_cache() const;
+  // Other ranks of this host read alone beside this one (stats say how many).
+  bool shares_host() const;
   void size_and_plan(std::vector<size_t> selected, const OpenOptions& options);
   void compose_parts();
   void start_reads();
@@ -115,6 +117,9 @@ class Loader {
   std::pair<std::string, at::Tensor> hand_out(size_t item);
   // mmap with copy=false: a view of the file mapping; nothing read, no ring.
   std::pair<std::string, at::Tensor> hand_out_mapped(size_t item);
+  // Any other exception met while making `item` ready (a device OutOfMemoryError), as the
+  // Error a status round carries, naming the item's file and tensor.
+  Error failure_of(const std::exception& e, size_t item) const;
 
   loader::ForkSafeMutex mutex_;
   loader::ProcessOwner process_;

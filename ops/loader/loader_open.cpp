@@ -40,7 +40,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   options_.device = with_index(options_.device);
   plan_.checkpoint = std::make_unique<format::Checkpoint>(std::move(files));
   std::vector<size_t> selected = selected_indices();
-  open_io(options_.backends);
+  open_io();
   choose_mode(selected, options);
   size_and_plan(std::move(selected), options);
   start_reads();
@@ -51,19 +51,22 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   stats_.open_seconds = seconds_since(start);
 }
 
-void Loader::open_io(const std::vector<std::string>& backends) {
+void Loader::open_io() {
   std::vector<io::FileToRead> files_to_read;
   for (const auto& file : plan_.checkpoint->files()) {
     files_to_read.push_back(io::FileToRead{file.path, file.fd, file.size});
   }
-  io_ = std::make_unique<io::IoSetup>(backends, files_to_read);
+  io_ = std::make_unique<io::IoSetup>(options_.backends, files_to_read);
   plan_.io_alignment = io_->alignment();
   plan_.ring_alignment = std::max<uint64_t>(kRingAlignment, plan_.io_alignment);
-  plan_.chunk_size = plan::round_up(options_.chunk_size ? options_.chunk_size : kDefaultChunk,
-                                    plan_.ring_alignment);
+  plan_.chunk_size = plan::round_up(requested_chunk(), plan_.ring_alignment);
 }
 
-bool Loader::shares_page_cache() const {
+uint64_t Loader::requested_chunk() const {
+  return options_.chunk_size ? options_.chunk_size : kDefaultChunk;
+}
+
+bool Loader::shares_host() const {
   return mode_.in_step && !mode_.exchanging() && exchange_->topology().local_ranks > 1;
 }
 
@@ -117,8 +120,7 @@ void Loader::choose_mode(const std::vector<size_t>& selected, const OpenOptions&
     exchange_->prepare_gathers(mode_.exchange);
     // Units must be alike on every rank, whatever each one's O_DIRECT alignment: the chunk
     // from the requested size alone (the digest covers that).
-    plan_.chunk_size = plan::round_up(options_.chunk_size ? options_.chunk_size : kDefaultChunk,
-                                      loader::kMaxDirectAlignment);
+    plan_.chunk_size = plan::round_up(requested_chunk(), loader::kMaxDirectAlignment);
   }
 }
 
@@ -186,7 +188,7 @@ void Loader::start_reads() {
   if (!options_.concurrency && !mode_.exchanging() && plan_.reads.total_bytes <= kInlineReadBytes) {
     threads = 0;
   }
-  if (shares_page_cache()) {
+  if (shares_host()) {
     io_->add_note(c10::str(exchange_->topology().local_ranks, " ranks on this host"));
   }
   int depth = options_.io_depth ? options_.io_depth : kDefaultIoDepth;

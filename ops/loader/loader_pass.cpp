@@ -215,6 +215,11 @@ std::pair<std::string, at::Tensor> Loader::hand_out_mapped(size_t item) {
   return {t.name(), factory_->aligned(loader::TensorFactory::over(std::move(storage), spec))};
 }
 
+Error Loader::failure_of(const std::exception& e, size_t item) const {
+  const auto& t = plan_.tensor_of_item(item);
+  return Error(ErrorKind::Io, plan_.file_of(t), t.name(), e.what());
+}
+
 std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
   auto lock = mutex_.lock();
   ensure_open();
@@ -253,9 +258,8 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_exchanged() {
     make_ready(item, /*wait=*/false);
   } catch (const Error& e) {
     failure = e;
-  } catch (const std::exception& e) {  // a device OutOfMemoryError: it travels with the round
-    failure = Error(ErrorKind::Io, plan_.file_of(plan_.tensor_of_item(item)),
-                    plan_.tensor_of_item(item).name(), e.what());
+  } catch (const std::exception& e) {  // it travels with the round too
+    failure = failure_of(e, item);
   }
   size_t g = plan_.reads.group_of[item];
   if (pass_.groups.empty()) {
@@ -304,18 +308,15 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_in_step() {
       pump();
     } catch (const Error& e) {
       failure = e;
-    } catch (const std::exception& e) {
-      // A device allocation's OutOfMemoryError, say: it must travel with the round too, or the
-      // other ranks would wait in theirs.
-      failure = Error(ErrorKind::Io, plan_.file_of(plan_.tensor_of_item(item)),
-                      plan_.tensor_of_item(item).name(), e.what());
+    } catch (const std::exception& e) {  // else the other ranks would wait in their round
+      failure = failure_of(e, item);
     }
   }
   if (failure || step_rounds_->item_of(pass_.rounds_done) == item) {
     const std::string& file =
         item < items ? plan_.file_of(plan_.tensor_of_item(item)) : plan_.first_path();
     try {
-      exchange_->check_in_step(std::move(failure), file, stats_);
+      exchange_->check_in_step(failure, file, stats_);
     } catch (const Error& e) {
       drain_in_flight();
       pass_.error.emplace(e);

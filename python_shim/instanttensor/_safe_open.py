@@ -123,11 +123,9 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     device memory used stays within max_free_mem_usage (default 0.5) of the free memory; a
     tensor larger than that is a ValueError naming it, or with host_fallback=True a CPU tensor.
 
-    process_group (torch.distributed): every rank gets every tensor; the ranks check at open
-    that they load the same thing and a failure on one raises on all. exchange="auto" (default,
-    or INSTANTTENSOR_EXCHANGE): device targets exchange bytes over the group (each rank reads
-    1/world), host targets do not (each rank reads what it needs, as one process would);
-    "always"/"never" override it, alike on every rank. stats()["exchange"] says which and why.
+    process_group: every rank gets every tensor; exchange="auto" (INSTANTTENSOR_EXCHANGE)
+    exchanges bytes for device targets only, "always"/"never" override it on every rank;
+    stats()["exchange"] says which and why. A failure on one rank raises on all.
 
     Errors: FileNotFoundError / PermissionError / OSError for I/O, ValueError for malformed
     files and bad arguments or environment values, KeyError for unknown names; each message
