@@ -5,7 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <iostream>
+#include <cstdio>
 
 #include "loader/load_into.h"
 #include "loader/memory_plan.h"
@@ -168,10 +168,16 @@ void Loader::close() {
   host_ring_.reset();
   recycled_->close();
   if (options_.debug) {
-    std::cerr << "[instanttensor] " << plan_.first_path() << ": " << stats_.bytes_read
-              << " bytes in " << stats_.read_requests << " reads, wait " << stats_.wait_seconds
-              << " s, read " << stats_.read_seconds << " s, materializations "
-              << stats_.materializations << ", exchange: " << stats_.exchange << "\n";
+    // Ranks print one line each into one stream: the rank says whose line it is, and the line
+    // goes out in one write, so that lines of processes sharing the stream do not interleave.
+    std::string rank =
+        exchange_ ? c10::str(" (rank ", exchange_->rank(), " of ", exchange_->world(), ")") : "";
+    std::string line =
+        c10::str("[instanttensor] ", plan_.first_path(), rank, ": ", stats_.bytes_read,
+                 " bytes in ", stats_.read_requests, " reads, wait ", stats_.wait_seconds,
+                 " s, read ", stats_.read_seconds, " s, materializations ", stats_.materializations,
+                 ", exchange: ", stats_.exchange, "\n");
+    std::fwrite(line.data(), 1, line.size(), stderr);
   }
   plan_.checkpoint->close_files();
 }

@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ._dtypes import torch_dtype
 from ._errors import engine_errors
 
+_LIBRARY = torch.library.Library("instanttensor", "FRAGMENT")
 
-@torch.library.register_fake("instanttensor::load_tensors")
+
+def _register_fake(qualname: str):
+    """torch.library.register_fake, without the caller lookup it makes for its messages.
+
+    That lookup (inspect.getframeinfo and inspect.getmodule) resolves the path of every module
+    imported so far, once per process: 40 ms of `import instanttensor` inside a vLLM worker, most
+    of a small model's load time. Here the kernel goes straight into the registry
+    register_fake fills, through the same Library.impl(..., "Meta") call; a torch without that
+    registry takes the public route.
+    """
+    registry = getattr(getattr(torch._library, "simple_registry", None), "singleton", None)
+    holder_register = None
+    if registry is not None:
+        holder_register = getattr(registry.find(qualname).fake_impl, "register", None)
+    if holder_register is None or "lib" not in inspect.signature(holder_register).parameters:
+        return torch.library.register_fake(qualname)
+
+    def register(kernel):
+        holder_register(kernel, f"{__file__}:{kernel.__name__}", _LIBRARY)
+        return kernel
+
+    return register
+
+
+@_register_fake("instanttensor::load_tensors")
 def _load_tensors_fake(files: list[str], names: list[str], device: torch.device) -> list[torch.Tensor]:
     # Reads and validates only the headers; the real kernel validates them again when it runs,
     # so a file changed after tracing is an error, not a wrong shape.
@@ -21,12 +48,12 @@ def _load_tensors_fake(files: list[str], names: list[str], device: torch.device)
     return [torch.empty(shape, dtype=torch_dtype(dtype), device=device) for dtype, shape in specs]
 
 
-@torch.library.register_fake("instanttensor::save_file")
+@_register_fake("instanttensor::save_file")
 def _save_file_fake(tensors, names, file, metadata_keys, metadata_values, has_metadata) -> None:
     return None
 
 
-@torch.library.register_fake("instanttensor::load_into_")
+@_register_fake("instanttensor::load_into_")
 def _load_into_fake(destinations, files, names) -> None:
     # Mutates its destinations in place: nothing to create, shapes and dtypes are theirs.
     return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,14 +123,15 @@ def fault_library() -> str:
     return path
 
 
-def run_ranks(tmp_path, files_per_rank, options, timeout=180, env=None, **spec):
+def run_ranks(tmp_path, files_per_rank, options, timeout=180, env=None, stderr=None, **spec):
+    """Runs one process per rank; `stderr`, a file every rank then writes to (else a pipe each)."""
     world = len(files_per_rank)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     spec.update(files=files_per_rank, options=options, store=str(tmp_path / "store"),
                 out=str(tmp_path / "rank%d.json"))
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), json.dumps(spec)],
-                              stderr=subprocess.PIPE, text=True,
+                              stderr=stderr or subprocess.PIPE, text=True,
                               env={**os.environ, **(env or {})})
              for r in range(world)]
     for proc in procs:
@@ -142,7 +144,7 @@ def run_ranks(tmp_path, files_per_rank, options, timeout=180, env=None, **spec):
     results = []
     for r, proc in enumerate(procs):
         out = tmp_path / f"rank{r}.json"
-        assert out.exists(), proc.stderr.read()
+        assert out.exists(), proc.stderr.read() if proc.stderr else f"rank {r} wrote nothing"
         results.append(json.loads(out.read_text()))
     return results
 
@@ -407,6 +409,25 @@ def test_ranks_on_one_host_read_alone_through_its_page_cache(tmp_path, checkpoin
     for result in results:
         assert result["stats"]["exchange"] == "none (one host, host target)"
         assert f"{world} ranks on this host" in result["stats"]["backend"]
+
+
+def test_each_ranks_debug_line_is_whole_and_names_its_rank(tmp_path, checkpoint):
+    """vLLM's workers share one stderr: a line written in pieces would interleave with others."""
+    paths, _, total = checkpoint
+    log = tmp_path / "stderr.log"
+    with open(log, "a") as shared:  # O_APPEND: each write lands whole at the end
+        results = run_ranks(tmp_path, [paths] * 3, {"copy": True},
+                            env={"INSTANTTENSOR_DEBUG": "1"}, stderr=shared)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("[instanttensor]")]
+    assert len(lines) == 3, log.read_text()
+    pattern = re.compile(r"\[instanttensor\] \S+ \(rank (\d) of 3\): (\d+) bytes in \d+ reads, "
+                         r"wait \S+ s, read \S+ s, materializations 0, exchange: (.*)$")
+    matches = [pattern.match(line) for line in lines]
+    assert all(matches), lines
+    assert sorted(int(m.group(1)) for m in matches) == [0, 1, 2]
+    for m, result in zip(sorted(matches, key=lambda m: m.group(1)), results):
+        assert int(m.group(2)) == result["stats"]["bytes_read"] >= total
+        assert m.group(3) == result["stats"]["exchange"] == "none (one host, host target)"
 
 
 def test_two_host_identities_each_rank_reads_everything(tmp_path, checkpoint):
