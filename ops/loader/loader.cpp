@@ -172,11 +172,11 @@ void Loader::close() {
     // goes out in one write, so that lines of processes sharing the stream do not interleave.
     std::string rank =
         exchange_ ? c10::str(" (rank ", exchange_->rank(), " of ", exchange_->world(), ")") : "";
-    std::string line =
-        c10::str("[instanttensor] ", plan_.first_path(), rank, ": ", stats_.bytes_read,
-                 " bytes in ", stats_.read_requests, " reads, wait ", stats_.wait_seconds,
-                 " s, read ", stats_.read_seconds, " s, materializations ", stats_.materializations,
-                 ", exchange: ", stats_.exchange, "\n");
+    std::string line = c10::str(
+        "[instanttensor] ", plan_.first_path(), rank, ": ", stats_.bytes_read, " bytes in ",
+        stats_.read_requests, " reads, wait ", stats_.wait_seconds, " s, read ",
+        stats_.read_seconds, " s, materializations ", stats_.materializations, ", copy ",
+        options_.copy ? "owned" : "borrowed", ", exchange: ", stats_.exchange, "\n");
     std::fwrite(line.data(), 1, line.size(), stderr);
   }
   plan_.checkpoint->close_files();

@@ -17,22 +17,39 @@ def _register_fake(qualname: str):
 
     That lookup (inspect.getframeinfo and inspect.getmodule) resolves the path of every module
     imported so far, once per process: 40 ms of `import instanttensor` inside a vLLM worker, most
-    of a small model's load time. Here the kernel goes straight into the registry
-    register_fake fills, through the same Library.impl(..., "Meta") call; a torch without that
-    registry takes the public route.
+    of a small model's load time. Here the kernel goes straight into the registry that
+    register_fake fills, through the same Library.impl(..., "Meta") call, and the handle is kept
+    by the library as register_fake keeps it. Any torch where that route is missing, or where
+    it did not leave a Meta kernel, takes the public call instead.
     """
-    registry = getattr(getattr(torch._library, "simple_registry", None), "singleton", None)
-    holder_register = None
-    if registry is not None:
-        holder_register = getattr(registry.find(qualname).fake_impl, "register", None)
-    if holder_register is None or "lib" not in inspect.signature(holder_register).parameters:
-        return torch.library.register_fake(qualname)
 
     def register(kernel):
-        holder_register(kernel, f"{__file__}:{kernel.__name__}", _LIBRARY)
-        return kernel
+        handle = _register_in_the_registry(qualname, kernel)
+        if handle is not None and _has_meta_kernel(qualname):
+            getattr(_LIBRARY, "_registration_handles", []).append(handle)
+            return kernel
+        if handle is not None and hasattr(handle, "destroy"):
+            handle.destroy()
+        return torch.library.register_fake(qualname)(kernel)
 
     return register
+
+
+def _register_in_the_registry(qualname: str, kernel):
+    """The registration handle, or None where this torch has no such registry."""
+    registry = getattr(getattr(torch._library, "simple_registry", None), "singleton", None)
+    entry = getattr(registry, "find", lambda _: None)(qualname)
+    add = getattr(getattr(entry, "fake_impl", None), "register", None)
+    if add is None or "lib" not in inspect.signature(add).parameters:
+        return None
+    try:
+        return add(kernel, f"{__file__}:{kernel.__code__.co_firstlineno}", lib=_LIBRARY)
+    except TypeError:  # another signature under the same names
+        return None
+
+
+def _has_meta_kernel(qualname: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "Meta")
 
 
 @_register_fake("instanttensor::load_tensors")

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
+# vLLM's own figure, printed once per worker by its default loader (to 0.01 s).
+LOAD_TIME = re.compile(r"Loading weights took ([0-9.]+) seconds")
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11], [200, 100, 50, 25, 12, 6]]
 MAX_TOKENS = 8
 

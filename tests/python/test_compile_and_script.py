@@ -59,6 +59,30 @@ def test_fake_kernel_reads_only_headers(model_files):
     assert out[0].dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("op", ["load_tensors", "save_file", "load_into_"])
+def test_each_fake_kernel_is_registered_as_its_ops_meta_kernel(op):
+    qualname = f"instanttensor::{op}"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "Meta")
+    assert torch._library.simple_registry.singleton.find(qualname).fake_impl.kernel is not None
+
+
+def test_a_torch_without_the_fake_registry_takes_register_fake(monkeypatch):
+    """The import skips register_fake's caller lookup through torch's registry; a torch
+    without that registry must still get the kernels, through the public call."""
+    from instanttensor import _fake
+
+    public_calls = []
+
+    def register_fake(qualname):
+        public_calls.append(qualname)
+        return lambda kernel: kernel
+
+    monkeypatch.setattr(torch._library, "simple_registry", None)
+    monkeypatch.setattr(torch.library, "register_fake", register_fake)
+    _fake._register_fake("instanttensor::save_file")(_fake._save_file_fake)
+    assert public_calls == ["instanttensor::save_file"]
+
+
 def test_real_kernel_rechecks_a_changed_file(model_files):
     paths, _ = model_files
     torch._dynamo.reset()

@@ -64,18 +64,28 @@ def _register_integration_format() -> None:
             self.load_config = dataclasses.replace(load_config, load_format="safetensors")
 
         def _get_weights_iterator(self, source):
-            from instanttensor.integrations.vllm import instanttensor_weights_iterator
-
+            # Not applied, unlike vLLM's own: its unused-weight shard filter, its
+            # mm-encoder-only filter and its expert-parallel `local_expert_ids` (none is set
+            # for the dense and MoE models of the engine tests, which run without EP).
             _, files, _, _ = self._prepare_weights(
                 source.model_or_path, source.subfolder, source.revision,
                 source.fall_back_to_pt, source.allow_patterns_overrides)
             world = get_world_group()
             group = world.device_group if world.world_size > 1 else None
+            use_tqdm = self.load_config.use_tqdm_on_load
             if self.counter_before_loading_weights == 0.0:
+                # Before our import, which runs in the generator: vLLM's own iterator imports
+                # inside its timed generator too, so "Loading weights took" counts it alike.
                 self.counter_before_loading_weights = time.perf_counter()
-            weights = instanttensor_weights_iterator(
-                files, self.load_config.use_tqdm_on_load, process_group=group)
-            return ((source.prefix + name, tensor) for name, tensor in weights)
+
+            def weights():
+                from instanttensor.integrations.vllm import instanttensor_weights_iterator
+
+                for name, tensor in instanttensor_weights_iterator(files, use_tqdm,
+                                                                   process_group=group):
+                    yield source.prefix + name, tensor
+
+            return weights()
 
     register_model_loader(INTEGRATION_FORMAT)(IntegrationLoader)
 
