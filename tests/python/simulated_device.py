@@ -16,8 +16,17 @@ NAME = "simdev"
 _loaded = False
 
 
+# Read at import too: the suite's autouse fixture clears INSTANTTENSOR_* variables for each test.
+_BUILD_DIR_AT_IMPORT = os.environ.get("INSTANTTENSOR_CMAKE_BUILD_DIR")
+DELAYS_AT_IMPORT = os.environ.get("INSTANTTENSOR_SIMDEV_DELAY")
+
+
+def build_dir() -> str | None:
+    return os.environ.get("INSTANTTENSOR_CMAKE_BUILD_DIR") or _BUILD_DIR_AT_IMPORT
+
+
 def library_path() -> str | None:
-    build = os.environ.get("INSTANTTENSOR_CMAKE_BUILD_DIR")
+    build = build_dir()
     path = os.path.join(build or "", "libinstanttensor_simdev.so")
     return path if build and os.path.exists(path) else None
 
@@ -58,6 +67,42 @@ def load() -> bool:
     return True
 
 
+BACKEND = "simccl"
+# The shape of vLLM's device group on a GPU ("cpu:gloo,cuda:nccl") on the simulated device.
+DEVICE_GROUP = f"cpu:gloo,{NAME}:{BACKEND}"
+_collectives_registered = False
+
+
+def register_collectives() -> bool:
+    """Registers the simulated device's c10d backend ("simccl", tests/simulated_device/
+    sim_collectives.h) for "simdev" once per process; False when it was not built. Call before
+    init_process_group(DEVICE_GROUP)."""
+    global _collectives_registered
+    if _collectives_registered:
+        return True
+    if not load():
+        return False
+    build = build_dir()
+    if not os.path.exists(os.path.join(build, "instanttensor_simccl.so")):
+        return False
+    import importlib.util
+    import torch.distributed as dist
+    spec = importlib.util.spec_from_file_location(
+        "instanttensor_simccl", os.path.join(build, "instanttensor_simccl.so"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def create(store, rank, size, timeout):
+        # gloo carries the bytes between the ranks' host memories, under its own store prefix.
+        host = dist.ProcessGroupGloo(dist.PrefixStore(BACKEND, store), rank, size, timeout)
+        return module.create_backend(host, rank, size)
+
+    dist.Backend.register_backend(BACKEND, create, devices=[NAME])
+    globals()["pending_collectives"] = module.pending
+    _collectives_registered = True
+    return True
+
+
 def set_delays(on: bool) -> None:
     torch.ops.simdev.set_delays(bool(on))
 
@@ -69,6 +114,35 @@ def pinned_bytes() -> int:
 
 def device_bytes(index: int = 0) -> int:
     return int(torch.ops.simdev.device_bytes(index))
+
+
+def set_timing(h2d_gbps: float, d2h_gbps: float, latency_us: float = 0.0) -> None:
+    """The timing model: one copy engine per direction per device (0 GB/s: off)."""
+    torch.ops.simdev.set_timing(float(h2d_gbps), float(d2h_gbps), float(latency_us))
+
+
+def counters() -> dict:
+    """Since the process started: host syncs (a host thread asking to wait for the device), host
+    waits (those that blocked) and queries answered "not yet"."""
+    waits, syncs, polls = torch.ops.simdev.counters()
+    return {"host_waits": int(waits), "host_syncs": int(syncs), "pending_polls": int(polls)}
+
+
+def set_move_bytes(on: bool) -> None:
+    """Benchmarks only: off, copies and kernels take their modelled time without moving bytes."""
+    torch.ops.simdev.set_move_bytes(bool(on))
+
+
+def reset_peaks() -> None:
+    torch.ops.simdev.reset_peaks()
+
+
+def device_bytes_peak(index: int = 0) -> int:
+    return int(torch.ops.simdev.device_bytes_peak(index))
+
+
+def pinned_bytes_peak() -> int:
+    return int(torch.ops.simdev.pinned_bytes_peak())
 
 
 def accelerator() -> str | None:

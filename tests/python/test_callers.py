@@ -26,6 +26,8 @@ import torch
 from safetensors.torch import load_file as reference_load
 from safetensors.torch import save_file as reference_save
 
+import simulated_device
+
 CALLERS = {"vllm": "vllm.model_executor.model_loader.weight_utils",
            "sglang": "sglang.srt.model_loader.weight_utils"}
 
@@ -78,6 +80,7 @@ class CpuPlatform:
     """Their platform object, as CUDA would answer, on the CPU."""
 
     device_type = "cuda"
+    index = 0  # what torch.cuda.current_device() answers
 
     @staticmethod
     def is_cuda() -> bool:
@@ -90,6 +93,19 @@ class CpuPlatform:
     @staticmethod
     def get_device(index) -> torch.device:
         return torch.device("cpu")
+
+
+class SimulatedDevicePlatform(CpuPlatform):
+    """Their platform object, as CUDA would answer, on the simulated device `index`."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def current_device(self) -> torch.device:
+        return torch.device("simdev", self.index)
+
+    def get_device(self, index) -> torch.device:
+        return torch.device("simdev", index)
 
 
 def test_vllm_loads_every_tensor(moe_checkpoint, monkeypatch):
@@ -143,26 +159,40 @@ RANK_SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
 
     rank, caller, spec = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-    dist.init_process_group("gloo", init_method="file://" + spec["store"], rank=rank,
-                            world_size=2)
     sys.path.insert(0, spec["tests"])
-    from test_callers import CpuPlatform, digest
+    from test_callers import CpuPlatform, SimulatedDevicePlatform, digest
+    platform, backend = CpuPlatform(), "gloo"
+    if spec.get("device") == "simdev":
+        # A GPU machine's shape: each rank on its own device, vLLM's device group
+        # ("cpu:gloo,cuda:nccl") as "cpu:gloo,simdev:simccl".
+        import os
+        os.environ["INSTANTTENSOR_CMAKE_BUILD_DIR"] = spec["build_dir"]
+        import simulated_device
+        assert simulated_device.register_collectives()
+        platform = SimulatedDevicePlatform(rank % 2)
+        backend = simulated_device.DEVICE_GROUP
+    dist.init_process_group(backend, init_method="file://" + spec["store"], rank=rank,
+                            world_size=2)
 
     group = types.SimpleNamespace(device_group=dist.group.WORLD, world_size=2)
     if caller == "vllm":
         from vllm.model_executor.model_loader import weight_utils
-        weight_utils.current_platform = CpuPlatform()
+        weight_utils.current_platform = platform
         weight_utils.get_world_group = lambda: group  # vLLM's world GroupCoordinator shape
         local = spec["local_expert_ids"][rank] if spec.get("local_expert_ids") else None
         items = weight_utils.instanttensor_weights_iterator(
             spec["files"], rank == 0, local_expert_ids=None if local is None else set(local))
     else:
         from sglang.srt.model_loader import weight_utils
-        weight_utils.current_platform = CpuPlatform()
-        torch.cuda.current_device = lambda: 0
+        weight_utils.current_platform = platform
+        torch.cuda.current_device = lambda: platform.index
         items = weight_utils.instanttensor_weights_iterator(
             spec["files"], extra_config=spec.get("extra_config"), load_group=group)
-    result = {"digests": {n: digest(t) for n, t in items}}
+    result = {"digests": {}, "devices": set()}
+    for name, tensor in items:
+        result["digests"][name] = digest(tensor)
+        result["devices"].add(str(tensor.device))
+    result["devices"] = sorted(result["devices"])
     with open(spec["out"] % rank, "w") as out:
         json.dump(result, out)
     dist.destroy_process_group()
@@ -174,8 +204,14 @@ def run_two_ranks(tmp_path, name, **spec):
     script.write_text(RANK_SCRIPT)
     spec.update(store=str(tmp_path / "store"), out=str(tmp_path / "rank%d.json"),
                 tests=os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    if spec.get("device") == "simdev":
+        if not simulated_device.register_collectives():
+            pytest.skip("needs the CMake build's simulated device (INSTANTTENSOR_CMAKE_BUILD_DIR)")
+        spec["build_dir"] = simulated_device.build_dir()
+        env["INSTANTTENSOR_SIMDEV_DELAY"] = simulated_device.DELAYS_AT_IMPORT or "0"
     procs = [subprocess.Popen([sys.executable, str(script), str(r), name, json.dumps(spec)],
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
     errors = []
     for proc in procs:
         try:
@@ -208,6 +244,23 @@ def test_vllm_two_ranks_with_expert_filtering_load_their_own_experts(moe_checkpo
         expected = {n: d for n, d in reference.items() if ".experts." not in n
                     or int(n.split(".experts.")[1].split(".")[0]) in local[rank]}
         assert result["digests"] == expected
+
+
+def test_vllm_two_ranks_exchange_on_the_device_over_a_device_group(moe_checkpoint, tmp_path):
+    caller("vllm")
+    paths, reference = moe_checkpoint
+    for rank, result in enumerate(run_two_ranks(tmp_path, "vllm", files=paths, device="simdev")):
+        assert result["digests"] == reference
+        assert result["devices"] == [f"simdev:{rank}"]
+
+
+def test_sglang_two_ranks_exchange_on_the_device_over_a_device_group(moe_checkpoint, tmp_path):
+    caller("sglang")
+    paths, reference = moe_checkpoint
+    for rank, result in enumerate(run_two_ranks(tmp_path, "sglang", files=paths,
+                                                device="simdev")):
+        assert result["digests"] == reference
+        assert result["devices"] == [f"simdev:{rank}"]
 
 
 @pytest.mark.parametrize("extra_config", [None, {"backend": "BUFFERED"}])

@@ -23,8 +23,10 @@ import pytest
 import torch
 from safetensors.torch import save_file as reference_save
 
+import simulated_device
+
 RANK_SCRIPT = textwrap.dedent("""
-    import hashlib, json, os, sys, warnings
+    import gc, hashlib, json, os, sys, warnings
     import torch
     import torch.distributed as dist
     import instanttensor
@@ -35,6 +37,16 @@ RANK_SCRIPT = textwrap.dedent("""
     os.environ.update(spec.get("rank_env", {}).get(str(rank), {}))  # read at open
     if spec.get("fault_rank") == rank:
         torch.ops.load_library(spec["testing_library"])
+    simdev = None
+    if spec.get("device") == "simdev":
+        # The simulated device with its collectives: each rank on its own device, the group
+        # shaped like vLLM's on GPUs ("cpu:gloo,simdev:simccl", as "cpu:gloo,cuda:nccl").
+        os.environ["INSTANTTENSOR_CMAKE_BUILD_DIR"] = spec["build_dir"]
+        sys.path.insert(0, spec["tests_dir"])
+        import simulated_device as simdev
+        assert simdev.register_collectives()
+        spec.setdefault("backend", simdev.DEVICE_GROUP)
+        spec["options"]["device"] = f"simdev:{rank % 2}"
     dist.init_process_group(spec.get("backend", "gloo"), init_method="file://" + spec["store"],
                             rank=rank, world_size=world)
 
@@ -56,10 +68,13 @@ RANK_SCRIPT = textwrap.dedent("""
                 pass
 
         tqdm.auto.tqdm = RecordingBar
+        if simdev is not None:  # what torch.cuda would answer on a GPU: this rank's device
+            import instanttensor.integrations.vllm as integration
+            integration._default_device = lambda: torch.device(spec["options"]["device"])
         digests = {}
         for name, tensor in instanttensor_weights_iterator(files, True, dist.group.WORLD):
             digests[name] = hashlib.sha256(
-                tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                tensor.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
         result.update(digests=digests, bars=bars)
 
     def load(result, inject):
@@ -71,11 +86,12 @@ RANK_SCRIPT = textwrap.dedent("""
                 destinations = {}
                 for name in f.keys():
                     dtype, shape = f.get_tensor_metadata(name)
-                    destinations[name] = torch.empty(shape, dtype=dtype)
+                    destinations[name] = torch.empty(shape, dtype=dtype,
+                                                     device=spec["options"].get("device", "cpu"))
                 f.load_into(destinations)
                 result.update(digests={
-                    n: hashlib.sha256(t.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-                    for n, t in destinations.items()}, stats=f.stats())
+                    n: hashlib.sha256(t.cpu().view(-1).view(torch.uint8).numpy().tobytes())
+                    .hexdigest() for n, t in destinations.items()}, stats=f.stats())
             return
         with instanttensor.safe_open(files, process_group=dist.group.WORLD, **spec["options"]) as f:
             if inject and spec.get("break_rank") == rank:
@@ -84,7 +100,7 @@ RANK_SCRIPT = textwrap.dedent("""
                 torch.ops.instanttensor_testing.arm_read_fault(spec["fault_read"], 5)
             digests = {}
             for name, tensor in f.tensors():
-                data = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                data = tensor.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
                 digests[name] = hashlib.sha256(data).hexdigest()
             result.update(digests=digests, stats=f.stats(), total=f.total_tensor_size)
 
@@ -96,6 +112,16 @@ RANK_SCRIPT = textwrap.dedent("""
         except Exception as error:
             result["error"] = f"{type(error).__name__}: {error}"
     result["warnings"] = [str(w.message) for w in caught if "instanttensor" in str(w.message)]
+    if simdev is not None:
+        # After the load, failed or not, and its tensors gone: every collective it issued has
+        # run (none left pending on the group) and its device and pinned memory is back.
+        device = rank % 2
+        gc.collect()  # a failed load's traceback frames form cycles that hold its last tensor
+        simdev.torch.ops.simdev.synchronize(device)
+        backend = dist.group.WORLD._get_backend(torch.device("simdev"))
+        result["memory_after"] = {"device": simdev.device_bytes(device),
+                                  "pinned": simdev.pinned_bytes(),
+                                  "pending_collectives": simdev.pending_collectives(backend)}
     if "error" in result and spec.get("retry"):
         # The group is left clean: a new loader on it works.
         files = spec["retry_files"][rank]
@@ -129,7 +155,14 @@ def run_ranks(tmp_path, files_per_rank, options, timeout=180, env=None, stderr=N
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     spec.update(files=files_per_rank, options=options, store=str(tmp_path / "store"),
-                out=str(tmp_path / "rank%d.json"))
+                out=str(tmp_path / "rank%d.json"), tests_dir=os.path.dirname(__file__))
+    if spec.get("device") == "simdev":
+        if not simulated_device.register_collectives():
+            pytest.skip("needs the CMake build's simulated device (INSTANTTENSOR_CMAKE_BUILD_DIR)")
+        spec["build_dir"] = simulated_device.build_dir()
+        # The suite's delays (scripts/test.sh) on every device operation of the ranks too.
+        env = {"INSTANTTENSOR_SIMDEV_DELAY": simulated_device.DELAYS_AT_IMPORT or "0",
+               **(env or {})}
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), json.dumps(spec)],
                               stderr=stderr or subprocess.PIPE, text=True,
                               env={**os.environ, **(env or {})})

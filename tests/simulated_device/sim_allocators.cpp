@@ -25,7 +25,7 @@ struct DeviceBlock {
 };
 
 void release(DeviceBlock* block) {
-  std::memset(block->host, 0xA5, block->size);
+  if (move_bytes()) std::memset(block->host, 0xA5, block->size);
   std::free(block->host);
   add_device_bytes(block->device, -static_cast<int64_t>(block->size));
   delete block;
@@ -54,7 +54,8 @@ struct DeviceAllocator final : public c10::Allocator {
     block->size = std::max<uint64_t>(nbytes, 1);
     block->host = std::aligned_alloc(512, (block->size + 511) / 512 * 512);
     TORCH_CHECK(block->host != nullptr, "simdev: out of memory allocating ", nbytes, " bytes");
-    std::memset(block->host, 0x5A, block->size);  // fresh device memory is never zero by luck
+    // Fresh device memory is never zero by luck.
+    if (move_bytes()) std::memset(block->host, 0x5A, block->size);
     block->device = device;
     block->streams.push_back(current_stream(device));
     add_device_bytes(device, static_cast<int64_t>(block->size));

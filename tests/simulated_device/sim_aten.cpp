@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <optional>
 
 #include "sim_allocators.h"
 #include "sim_runtime.h"
@@ -66,17 +67,29 @@ at::Tensor to_host(const at::Tensor& src) {
   auto host = at::empty({static_cast<int64_t>(storage_bytes)}, at::kByte);
   const void* from = src.storage().data();
   void* to = host.data_ptr();
-  if (storage_bytes > 0) s.wait_for(s.enqueue([=] { std::memcpy(to, real(from), storage_bytes); }));
+  const c10::DeviceIndex device = index_of(src);
+  if (storage_bytes > 0) {
+    s.wait_for(s.enqueue(
+        [=] { engine_copy(device, Direction::DeviceToHost, to, real(from), storage_bytes); }));
+  }
   return host.view(src.scalar_type()).as_strided(src.sizes(), src.strides(), src.storage_offset());
 }
 
 // Queues a copy of `nbytes` on `stream`; waits unless `async`. `keep` holds host memory alive
-// until the copy ran (torch's pinned allocators record an event for the same purpose).
+// until the copy ran (torch's pinned allocators record an event for the same purpose). Copies
+// between the host and `device` go through its copy engine (the timing model); others
+// (`engine` empty: device to device, a fill) run on the stream's worker like a kernel.
 void queued_copy(Stream& s, void* to, const void* from, size_t nbytes, bool async,
-                 c10::Storage keep) {
+                 c10::Storage keep, c10::DeviceIndex device = 0,
+                 std::optional<Direction> engine = std::nullopt) {
   if (nbytes == 0) return;
-  uint64_t sequence =
-      s.enqueue([to, from, nbytes, keep = std::move(keep)] { std::memcpy(to, from, nbytes); });
+  uint64_t sequence = s.enqueue([to, from, nbytes, device, engine, keep = std::move(keep)] {
+    if (engine) {
+      engine_copy(device, *engine, to, from, nbytes);
+    } else if (move_bytes()) {
+      std::memcpy(to, from, nbytes);
+    }
+  });
   if (!async) s.wait_for(sequence);
 }
 
@@ -100,14 +113,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     at::Tensor host = plain(src, dst) ? src : src.to(dst.scalar_type()).expand_as(dst).contiguous();
     bool async = non_blocking && is_pinned(host.data_ptr());
     queued_copy(stream_of(current_stream(index_of(dst))), real(dst.data_ptr()), host.data_ptr(),
-                dst.nbytes(), async, host.storage());
+                dst.nbytes(), async, host.storage(), index_of(dst), Direction::HostToDevice);
     return dst;
   }
   // device -> host
   if (plain(src, dst)) {
     bool async = non_blocking && is_pinned(dst.data_ptr());
     queued_copy(stream_of(current_stream(index_of(src))), dst.data_ptr(), real(src.data_ptr()),
-                dst.nbytes(), async, dst.storage());
+                dst.nbytes(), async, dst.storage(), index_of(src), Direction::DeviceToHost);
     return dst;
   }
   return dst.copy_(to_host(src));
@@ -157,6 +170,33 @@ at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArr
 
 at::Scalar local_scalar(const at::Tensor& self) { return to_host(self).item(); }
 
+// Concatenation along the first dimension of contiguous tensors (how gathered control messages
+// are joined before their one read back): a kernel on the current stream, as on CUDA.
+at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& out) {
+  auto inputs = tensors.materialize();
+  TORCH_CHECK(!inputs.empty(), "simdev: cat of no tensors");
+  const at::Tensor& first = inputs[0];
+  TORCH_CHECK(first.dim() > 0 && c10::maybe_wrap_dim(dim, first.dim()) == 0,
+              "simdev: cat is simulated along the first dimension only");
+  std::vector<int64_t> sizes(first.sizes().begin(), first.sizes().end());
+  sizes[0] = 0;
+  for (const at::Tensor& t : inputs) {
+    TORCH_CHECK(t.is_contiguous() && t.scalar_type() == out.scalar_type() && t.dim() == first.dim(),
+                "simdev: cat is simulated for contiguous tensors of the output's dtype");
+    sizes[0] += t.size(0);
+  }
+  (resize)(out, sizes, std::nullopt);  // parenthesized: not at::resize by ADL
+  auto& s = stream_of(current_stream(index_of(out)));
+  uint8_t* to = static_cast<uint8_t*>(real(out.data_ptr()));
+  for (const at::Tensor& t : inputs) {
+    const void* from = real(t.data_ptr());
+    size_t nbytes = t.nbytes();
+    queued_copy(s, to, from, nbytes, /*async=*/true, t.storage());
+    to += nbytes;
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -171,6 +211,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("fill_.Scalar", fill);
   m.impl("zero_", zero);
   m.impl("_local_scalar_dense", local_scalar);
+  m.impl("cat.out", cat_out);
 }
 
 }  // namespace simdev

@@ -59,7 +59,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   bool queryEvent(void* event) const override {
     auto* e = static_cast<Event*>(event);
-    return e == nullptr || e->stream == nullptr || e->stream->passed(e->sequence);
+    bool done = e == nullptr || e->stream == nullptr || e->stream->passed(e->sequence);
+    if (!done) count_pending_poll();
+    return done;
   }
   void synchronizeEvent(void* event) const override {
     auto* e = static_cast<Event*>(event);
@@ -67,7 +69,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   bool queryStream(const c10::Stream& s) const override {
     auto& target = stream_of(s);
-    return target.passed(target.enqueued());
+    bool done = target.passed(target.enqueued());
+    if (!done) count_pending_poll();
+    return done;
   }
   void synchronizeStream(const c10::Stream& s) const override { stream_of(s).synchronize(); }
   void synchronizeDevice(const c10::DeviceIndex device) const override {

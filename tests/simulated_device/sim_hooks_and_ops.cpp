@@ -69,6 +69,29 @@ TORCH_LIBRARY(simdev, m) {
       });
     }
   });
+  // The timing model (sim_runtime.h): bandwidths in GB/s (0: off), latency in microseconds.
+  m.def("set_timing(float h2d_gbps, float d2h_gbps, float latency_us) -> ()",
+        [](double h2d, double d2h, double latency_us) {
+          set_timing(Timing{h2d * 1e9, d2h * 1e9, latency_us * 1e-6});
+        });
+  m.def("timing() -> (float, float, float)", [] {
+    Timing t = timing();
+    return std::make_tuple(t.h2d_bytes_per_second / 1e9, t.d2h_bytes_per_second / 1e9,
+                           t.latency_seconds * 1e6);
+  });
+  m.def("set_move_bytes(bool on) -> ()", [](bool on) { set_move_bytes(on); });
+  // (host waits, host syncs, pending polls) since the process started (sim_runtime.h): read
+  // before and after a phase.
+  m.def("counters() -> (int, int, int)", [] {
+    Counters c = counters();
+    return std::make_tuple(static_cast<int64_t>(c.host_waits), static_cast<int64_t>(c.host_syncs),
+                           static_cast<int64_t>(c.pending_polls));
+  });
+  m.def("reset_peaks() -> ()", [] { reset_peaks(); });
+  m.def("device_bytes_peak(int device) -> int", [](int64_t device) {
+    return static_cast<int64_t>(device_bytes_peak(static_cast<c10::DeviceIndex>(device)));
+  });
+  m.def("pinned_bytes_peak() -> int", [] { return static_cast<int64_t>(pinned_bytes_peak()); });
   m.def("current_device() -> int", [] { return static_cast<int64_t>(current_device()); });
   m.def("set_device(int device) -> ()",
         [](int64_t device) { set_current_device(static_cast<c10::DeviceIndex>(device)); });

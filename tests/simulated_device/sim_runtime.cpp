@@ -2,10 +2,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -36,12 +39,40 @@ std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>, kDeviceCount>
 }
 
 thread_local c10::DeviceIndex thread_device = 0;
+thread_local bool on_stream_worker = false;
+std::atomic<uint64_t> host_wait_count{0};
+std::atomic<uint64_t> host_sync_count{0};
+std::atomic<uint64_t> pending_poll_count{0};
+
+Timing timing_from_environment() {
+  Timing t;
+  const char* value = std::getenv("INSTANTTENSOR_SIMDEV_TIMING");
+  if (value == nullptr || *value == 0) return t;
+  double h2d = 0, d2h = 0, latency_us = 0;
+  TORCH_CHECK(
+      std::sscanf(value, "%lf,%lf,%lf", &h2d, &d2h, &latency_us) == 3,
+      "INSTANTTENSOR_SIMDEV_TIMING: expected \"<h2d GB/s>,<d2h GB/s>,<latency us>\", got \"", value,
+      "\"");
+  t.h2d_bytes_per_second = h2d * 1e9;
+  t.d2h_bytes_per_second = d2h * 1e9;
+  t.latency_seconds = latency_us * 1e-6;
+  return t;
+}
+
+std::atomic<bool> moving_bytes{true};
+std::mutex timing_mutex;
+Timing current_timing = timing_from_environment();
+
+// One engine per device and direction: a copy holds its mutex for the modelled duration.
+std::array<std::array<std::mutex, 2>, kDeviceCount> engines;
 thread_local std::array<c10::StreamId, kDeviceCount> thread_streams{};
 std::atomic<uint32_t> next_pool_stream{0};
 std::atomic<uint32_t> next_new_stream{0};
 
 std::mutex accounting_mutex;
 std::array<uint64_t, kDeviceCount> device_bytes{};
+std::array<uint64_t, kDeviceCount> device_peak{};
+uint64_t pinned_peak = 0;
 std::map<uintptr_t, uint64_t> pinned_blocks;  // base -> size
 uint64_t pinned_total = 0;
 
@@ -73,6 +104,10 @@ uint64_t Stream::enqueue(std::function<void()> op) {
 
 void Stream::wait_for(uint64_t sequence) {
   std::unique_lock<std::mutex> lock(mutex_);
+  if (!on_stream_worker) {
+    host_sync_count.fetch_add(1);
+    if (completed_ < sequence) host_wait_count.fetch_add(1);
+  }
   changed_.wait(lock, [&] { return completed_ >= sequence; });
 }
 
@@ -91,6 +126,7 @@ c10::Stream Stream::handle() const {
 }
 
 void Stream::run() {
+  on_stream_worker = true;
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -153,6 +189,64 @@ void maybe_delay() {
 void set_delays(bool on) { delays_on.store(on); }
 bool delays() { return delays_on.load(); }
 
+void set_timing(const Timing& t) {
+  std::lock_guard<std::mutex> lock(timing_mutex);
+  current_timing = t;
+}
+
+Timing timing() {
+  std::lock_guard<std::mutex> lock(timing_mutex);
+  return current_timing;
+}
+
+void set_move_bytes(bool on) { moving_bytes.store(on); }
+bool move_bytes() { return moving_bytes.load(); }
+
+void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
+                 size_t nbytes) {
+  check_device(device);
+  const Timing t = timing();
+  const double bandwidth =
+      direction == Direction::HostToDevice ? t.h2d_bytes_per_second : t.d2h_bytes_per_second;
+  if (bandwidth <= 0) {
+    if (move_bytes()) std::memcpy(to, from, nbytes);
+    return;
+  }
+  std::lock_guard<std::mutex> engine(engines[device][static_cast<int>(direction)]);
+  auto start = std::chrono::steady_clock::now();
+  if (move_bytes()) std::memcpy(to, from, nbytes);
+  auto modelled = std::chrono::duration<double>(t.latency_seconds + nbytes / bandwidth);
+  std::this_thread::sleep_until(start +
+                                std::chrono::duration_cast<std::chrono::nanoseconds>(modelled));
+}
+
+Counters counters() {
+  Counters c;
+  c.host_waits = host_wait_count.load();
+  c.host_syncs = host_sync_count.load();
+  c.pending_polls = pending_poll_count.load();
+  return c;
+}
+
+void count_pending_poll() { pending_poll_count.fetch_add(1); }
+
+void reset_peaks() {
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  device_peak = device_bytes;
+  pinned_peak = pinned_total;
+}
+
+uint64_t device_bytes_peak(c10::DeviceIndex device) {
+  check_device(device);
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  return device_peak[device];
+}
+
+uint64_t pinned_bytes_peak() {
+  std::lock_guard<std::mutex> lock(accounting_mutex);
+  return pinned_peak;
+}
+
 uint64_t device_bytes_in_use(c10::DeviceIndex device) {
   check_device(device);
   std::lock_guard<std::mutex> lock(accounting_mutex);
@@ -162,6 +256,7 @@ uint64_t device_bytes_in_use(c10::DeviceIndex device) {
 void add_device_bytes(c10::DeviceIndex device, int64_t delta) {
   std::lock_guard<std::mutex> lock(accounting_mutex);
   device_bytes[device] = static_cast<uint64_t>(static_cast<int64_t>(device_bytes[device]) + delta);
+  device_peak[device] = std::max(device_peak[device], device_bytes[device]);
 }
 
 uint64_t pinned_bytes_in_use() {
@@ -182,6 +277,7 @@ void add_pinned_block(void* base, uint64_t size) {
   std::lock_guard<std::mutex> lock(accounting_mutex);
   pinned_blocks[reinterpret_cast<uintptr_t>(base)] = size;
   pinned_total += size;
+  pinned_peak = std::max(pinned_peak, pinned_total);
 }
 
 void remove_pinned_block(void* base) {

@@ -83,6 +83,50 @@ void maybe_delay();
 void set_delays(bool on);
 bool delays();
 
+// The timing model (off by default): each device has one copy engine per direction, shared by
+// all its streams, and a copy holds it for `latency + bytes / bandwidth`. Set by
+// INSTANTTENSOR_SIMDEV_TIMING="<h2d GB/s>,<d2h GB/s>,<latency us>" (read at load) or
+// set_timing; a bandwidth of 0 turns the model off for that direction.
+struct Timing {
+  double h2d_bytes_per_second = 0;
+  double d2h_bytes_per_second = 0;
+  double latency_seconds = 0;
+};
+void set_timing(const Timing& timing);
+Timing timing();
+
+// Benchmarks only (default on): whether queued copies and device kernels move their bytes and
+// fresh device memory is poisoned. Off, they only take their modelled time, so the host's cores
+// are not spent simulating a DMA engine and device memory (benchmarks/device_pipeline.py); the
+// correctness tests always move the bytes.
+void set_move_bytes(bool on);
+bool move_bytes();
+
+enum class Direction { HostToDevice, DeviceToHost };
+// Moves `nbytes` (real bytes: every copy still lands) through the copy engine of `device` for
+// `direction`, holding it as long as the model says (at least as long as the memcpy takes).
+// Called on stream workers, where queued copies run.
+void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
+                 size_t nbytes);
+
+// Counters the tests and benchmarks read (any thread):
+// - host syncs: a host thread (not a stream worker) asking to wait until a stream reaches a
+//   point (stream or event synchronize, a blocking copy, a read back to the host);
+// - host waits: those of them that blocked (the point had not passed yet);
+// - pending polls: event or stream queries answered "not yet";
+// - peaks of device bytes per device and of pinned bytes since the last reset_peaks.
+struct Counters {
+  uint64_t host_waits = 0;
+  uint64_t host_syncs = 0;
+  uint64_t pending_polls = 0;
+};
+Counters counters();
+void count_pending_poll();
+// Peaks restart at the bytes in use now.
+void reset_peaks();
+uint64_t device_bytes_peak(c10::DeviceIndex device);
+uint64_t pinned_bytes_peak();
+
 // Device memory accounting (bytes live per device) and host pinned memory (bytes live, and
 // whether a host pointer lies in a pinned block).
 uint64_t device_bytes_in_use(c10::DeviceIndex device);

@@ -1,0 +1,481 @@
+"""The device pipeline's speed, host waits and memory: copy=True, copy=False and load_into onto an
+accelerator, against the bound of its slower stage.
+
+    python benchmarks/device_pipeline.py [--size-gb 1] [--samples 3] [--json FILE] [--plot FILE]
+
+On a machine without a GPU the target is the simulated device (tests/simulated_device; needs the
+CMake build: INSTANTTENSOR_CMAKE_BUILD_DIR, default ./build) with its timing model on: one copy
+engine per direction, each copy holding it for `latency + bytes / bandwidth`. Two settings:
+  copy-bound  host->device at --copy-bound-gbps (below the read rate: the copy engine limits)
+  read-bound  host->device at --read-bound-gbps (above it: the reads limit)
+With `--device cuda` the same modes run on the GPU with its real copy engine (no model, no
+counters; the bound is then the slower of the read rate and a pinned host->device copy).
+
+Every sample is a fresh process; the contenders run interleaved, their order rotating each round;
+cold samples evict the checkpoint from the page cache first (posix_fadvise DONTNEED, checked with
+mincore); figures are medians. Per mode and setting:
+  GB/s            checkpoint bytes / (open .. last byte on the device, after a synchronize)
+  ratio_to_bound  GB/s / min(read rate, copy bandwidth); the read rate is measured alone in the
+                  same run: buffered reads by 2 threads into a pinned buffer, no copies
+  host waits      host threads blocking on the device (stream/event synchronize, blocking
+                  copies) inside the pass (the first tensor asked .. the last received; for
+                  load_into: the call), and after it (the end of the iteration and the close)
+  loader device peak  device bytes the loader held beyond what it had handed out (copy=True:
+                  tensors handed out are the consumer's), at the worst moment of the pass
+  pinned peak     pinned host bytes the loader held
+A 2-rank row (simulated device, copy=True, warm): each rank on its own device in a device group
+("cpu:gloo,simdev:simccl", vLLM's shape), its GB/s against one rank alone. The simulated
+collectives carry bytes through host memory and the copy engines (a machine without NVLink).
+
+What the figures model and what they do not: the pipeline's structure (what overlaps with what,
+what waits on what, what memory it holds) with a copy engine of the given speed. Not the H200's
+PCIe, NCCL's bandwidth, pinned-memory registration costs or the GPU's own copy latency: those
+need a GPU (benchmarks/device_check.sh runs this script's CUDA form there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("read", "copy", "borrow", "into")
+LABELS = {"read": "read alone", "copy": "copy=True", "borrow": "copy=False", "into": "load_into"}
+
+
+# -- one sample, in a fresh process ------------------------------------------------------------
+
+def _setup_device(spec: dict):
+    import torch
+
+    if spec["device"] == "cuda":
+        torch.cuda.set_device(0)
+        return None
+    sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+    import simulated_device as simdev
+
+    assert simdev.load(), "the simulated device was not built (INSTANTTENSOR_CMAKE_BUILD_DIR)"
+    simdev.set_delays(False)
+    simdev.set_timing(spec["h2d_gbps"], spec["d2h_gbps"], spec["latency_us"])
+    # Copies take their modelled time without moving bytes: this machine's cores then do what
+    # the host does on a GPU machine (reads, the loader's threads), not the DMA engine's work.
+    simdev.set_move_bytes(spec.get("move_bytes", False))
+    return simdev
+
+
+def _evict(files: list[str]) -> None:
+    from instanttensor._demo_bench import evict
+
+    os.sync()
+    left = evict(files)
+    assert left < 0.01, f"the page cache kept {left:.0%} of a file after eviction"
+
+
+def _read_alone(files: list[str], device: str) -> None:
+    """Buffered reads by 2 threads into a pinned buffer each (16 MiB requests), no copies."""
+    import torch
+
+    chunk = 16 << 20
+    jobs = []
+    for path in files:
+        size = os.path.getsize(path)
+        jobs += [(path, offset) for offset in range(0, size, chunk)]
+    buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    lock = threading.Lock()
+
+    def worker(buffer):
+        view = buffer.numpy()
+        fds = {}
+        while True:
+            with lock:
+                if not jobs:
+                    break
+                path, offset = jobs.pop(0)
+            fd = fds.get(path) or fds.setdefault(path, os.open(path, os.O_RDONLY))
+            os.preadv(fd, [view], offset)
+        for fd in fds.values():
+            os.close(fd)
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in buffers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+class Probe:
+    """The counters of one pass: host waits and memory (simulated device), or memory (CUDA)."""
+
+    def __init__(self, simdev, device: str):
+        import torch
+
+        self.simdev, self.device = simdev, device
+        self.torch = torch
+        self.index = int(device.split(":")[1]) if ":" in device else 0
+        self.handed = 0
+        self.loader_peak = 0
+        self.pinned_max = 0
+        self.baseline = self.in_use()
+        self.pinned_baseline = simdev.pinned_bytes() if simdev else 0
+        self.reset()
+
+    def in_use(self) -> int:
+        if self.simdev:
+            return self.simdev.device_bytes(self.index)
+        return self.torch.cuda.memory_allocated(self.index)
+
+    def reset(self) -> None:
+        if self.simdev:
+            self.simdev.reset_peaks()
+        else:
+            self.torch.cuda.reset_peak_memory_stats(self.index)
+
+    def peak(self) -> int:
+        if self.simdev:
+            return self.simdev.device_bytes_peak(self.index)
+        return self.torch.cuda.max_memory_allocated(self.index)
+
+    def waits(self) -> tuple[int, int] | None:
+        """(host waits that blocked, host syncs asked)."""
+        if not self.simdev:
+            return None
+        c = self.simdev.counters()
+        return c["host_waits"], c["host_syncs"]
+
+    def handed_out(self, nbytes: int) -> None:
+        """A tensor the consumer now owns: what the loader held until now is measured first."""
+        self.finish()
+        self.handed += nbytes
+        self.reset()
+
+    def finish(self) -> None:
+        self.loader_peak = max(self.loader_peak, self.peak() - self.baseline - self.handed)
+        if self.simdev:
+            self.pinned_max = max(self.pinned_max,
+                                  self.simdev.pinned_bytes_peak() - self.pinned_baseline)
+
+    def pinned_peak(self) -> int | None:
+        return self.pinned_max if self.simdev else None
+
+
+def _synchronize(simdev, device: str) -> None:
+    import torch
+
+    if simdev:
+        simdev.torch.ops.simdev.synchronize(int(device.split(":")[1]))
+    else:
+        torch.cuda.synchronize()
+
+
+def _sample(spec: dict) -> dict:
+    import torch
+
+    import instanttensor
+
+    simdev = _setup_device(spec)
+    device = f"{spec['device']}:0"
+    files = spec["files"]
+    if spec["cache"] == "cold":
+        _evict(files)
+    else:
+        _read_alone(files, device)  # warm: every page in the cache
+    result = {}
+    start = time.perf_counter()
+    if spec["mode"] == "read":
+        _read_alone(files, device)
+        result["seconds"] = time.perf_counter() - start
+        return result
+    if spec["mode"] == "into":
+        with instanttensor.safe_open(files, device="cpu") as meta:
+            shapes = {n: meta.get_tensor_metadata(n) for n in meta.keys()}
+        destinations = {n: torch.empty(shape, dtype=dtype, device=device)
+                        for n, (dtype, shape) in shapes.items()}
+        probe = Probe(simdev, device)
+        start = time.perf_counter()
+        with instanttensor.safe_open(files, device=device) as f:
+            before = probe.waits()
+            f.load_into(destinations)
+            after = probe.waits()
+        _synchronize(simdev, device)
+        result["seconds"] = time.perf_counter() - start
+        probe.finish()
+        end = probe.waits()
+    else:
+        copy = spec["mode"] == "copy"
+        probe = Probe(simdev, device)
+        start = time.perf_counter()
+        kept = []
+        with instanttensor.safe_open(files, device=device, copy=copy) as f:
+            tensors = f.tensors()
+            before = probe.waits()
+            for _, tensor in tensors:
+                if copy:
+                    kept.append(tensor)
+                    probe.handed_out(tensor.nbytes)
+                del tensor  # borrowed: the consumer is done with the view at once
+            after = probe.waits()
+            stats = f.stats()
+        _synchronize(simdev, device)
+        result["seconds"] = time.perf_counter() - start
+        probe.finish()
+        end = probe.waits()
+        result["handed_out_bytes"] = probe.handed
+        result["buffer_size"] = stats["buffer_size"]
+    result["loader_device_peak_bytes"] = probe.loader_peak
+    result["pinned_peak_bytes"] = probe.pinned_peak()
+    if before is not None:
+        result["host_waits_in_pass"] = after[0] - before[0]
+        result["host_syncs_in_pass"] = after[1] - before[1]
+        result["host_waits_at_end"] = end[0] - after[0]
+        result["host_syncs_at_end"] = end[1] - after[1]
+    return result
+
+
+RANK_SCRIPT = r"""
+import json, os, sys, time, torch, torch.distributed as dist
+spec, rank = json.loads(sys.argv[1]), int(sys.argv[2])
+sys.path.insert(0, spec["tests"])
+import simulated_device as simdev
+import instanttensor
+assert simdev.register_collectives()
+simdev.set_delays(False)
+simdev.set_timing(spec["h2d_gbps"], spec["d2h_gbps"], spec["latency_us"])
+simdev.set_move_bytes(False)
+dist.init_process_group(simdev.DEVICE_GROUP, init_method="file://" + spec["store"], rank=rank,
+                        world_size=2)
+dist.barrier()
+device = f"simdev:{rank}"
+start = time.perf_counter()
+with instanttensor.safe_open(spec["files"], device=device, copy=True,
+                             process_group=dist.group.WORLD) as f:
+    kept = [t for _, t in f.tensors()]
+    stats = f.stats()
+torch.ops.simdev.synchronize(rank)
+seconds = time.perf_counter() - start
+json.dump({"seconds": seconds, "bytes_read": stats["bytes_read"], "exchange": stats["exchange"]},
+          open(spec["out"] % rank, "w"))
+dist.destroy_process_group()
+"""
+
+
+def _two_ranks(spec: dict) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        script = os.path.join(folder, "rank.py")
+        open(script, "w").write(RANK_SCRIPT)
+        spec = dict(spec, store=os.path.join(folder, "store"), out=os.path.join(folder, "r%d.json"),
+                    tests=os.path.join(ROOT, "tests", "python"))
+        # Warm for both ranks: read once beforehand.
+        procs = [subprocess.Popen([sys.executable, script, json.dumps(spec), str(r)])
+                 for r in range(2)]
+        for p in procs:
+            if p.wait(timeout=600) != 0:
+                raise RuntimeError("a rank failed")
+        ranks = [json.load(open(spec["out"] % r)) for r in range(2)]
+    return {"seconds": max(r["seconds"] for r in ranks), "exchange": ranks[0]["exchange"],
+            "bytes_read": [r["bytes_read"] for r in ranks]}
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+def _in_fresh_process(spec: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"sample {spec['mode']} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def place_checkpoint(size_gb: float) -> list[str]:
+    from instanttensor._demo_checkpoint import write_model_like_checkpoint
+
+    folder = f"/var/tmp/instanttensor-device-pipeline-{size_gb}"
+    marker = os.path.join(folder, ".complete")
+    if not os.path.exists(marker):
+        write_model_like_checkpoint(folder, total_mb=int(size_gb * 1024), files=4, hidden=2048,
+                                    vocab=32000)
+        open(marker, "w").close()
+    return sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def run(args) -> dict:
+    files = place_checkpoint(args.size_gb)
+    total = sum(os.path.getsize(p) for p in files)
+    settings = {"copy-bound": args.copy_bound_gbps, "read-bound": args.read_bound_gbps}
+    if args.device == "cuda":
+        settings = {"cuda": 0.0}
+    samples: dict = {}
+    rounds = 0
+    for round_ in range(args.samples):
+        for cache in args.caches:
+            for setting, gbps in settings.items():
+                order = MODES[round_ % len(MODES):] + MODES[:round_ % len(MODES)]
+                for mode in order:
+                    spec = {"mode": mode, "cache": cache, "files": files, "device": args.device,
+                            "h2d_gbps": gbps, "d2h_gbps": gbps, "latency_us": args.latency_us}
+                    key = (setting, cache, mode)
+                    samples.setdefault(key, []).append(_in_fresh_process(spec))
+                    print(f"  {setting} {cache} {mode}: {samples[key][-1]['seconds']:.3f} s",
+                          file=sys.stderr)
+        rounds += 1
+    entries = []
+    for setting, gbps in settings.items():
+        for cache in args.caches:
+            read = _median([s["seconds"] for s in samples[(setting, cache, "read")]])
+            read_gbps = total / read / 1e9
+            copy_gbps = gbps if args.device != "cuda" else _pinned_h2d_gbps()
+            bound = min(read_gbps, copy_gbps)
+            for mode in MODES[1:]:
+                runs = samples[(setting, cache, mode)]
+                seconds = _median([s["seconds"] for s in runs])
+                entry = {"setting": setting, "cache": cache, "mode": LABELS[mode],
+                         "copy_gbps": copy_gbps, "read_gbps": read_gbps, "bound_gbps": bound,
+                         "bound_by": "copy engine" if copy_gbps < read_gbps else "reads",
+                         "seconds": seconds, "gbps": total / seconds / 1e9,
+                         "ratio_to_bound": total / seconds / 1e9 / bound,
+                         "samples_seconds": [s["seconds"] for s in runs]}
+                for field in ("host_waits_in_pass", "host_syncs_in_pass", "host_waits_at_end",
+                              "host_syncs_at_end",
+                              "loader_device_peak_bytes", "pinned_peak_bytes", "handed_out_bytes",
+                              "buffer_size"):
+                    entry[field] = _median([s.get(field) for s in runs])
+                entries.append(entry)
+    two = []
+    if args.device == "simdev" and args.ranks:
+        for setting, gbps in settings.items():
+            spec = {"files": files, "h2d_gbps": gbps, "d2h_gbps": gbps,
+                    "latency_us": args.latency_us}
+            _read_alone_in_process(files)
+            runs = [_two_ranks(spec) for _ in range(args.samples)]
+            alone = next(e for e in entries if e["setting"] == setting and e["cache"] == "warm"
+                         and e["mode"] == "copy=True")
+            seconds = _median([r["seconds"] for r in runs])
+            two.append({"setting": setting, "cache": "warm", "mode": "copy=True, 2 ranks",
+                        "gbps_per_rank": total / seconds / 1e9,
+                        "one_rank_gbps": alone["gbps"],
+                        "ratio_to_one_rank": total / seconds / 1e9 / alone["gbps"],
+                        "exchange": runs[0]["exchange"], "bytes_read": runs[0]["bytes_read"],
+                        "samples_seconds": [r["seconds"] for r in runs]})
+    return {"device": args.device, "checkpoint_bytes": total, "files": len(files),
+            "samples": rounds, "latency_us": args.latency_us, "entries": entries,
+            "two_ranks": two}
+
+
+def _read_alone_in_process(files):
+    for path in files:
+        with open(path, "rb") as handle:
+            while handle.read(16 << 20):
+                pass
+
+
+def _pinned_h2d_gbps() -> float:
+    import torch
+
+    nbytes = 256 << 20
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(3):
+        device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    return 3 * nbytes / (time.perf_counter() - start) / 1e9
+
+
+def _mib(value) -> str:
+    return "-" if value is None else f"{value / (1 << 20):.1f}"
+
+
+def print_table(result: dict) -> None:
+    print(f"checkpoint: {result['checkpoint_bytes'] / 1e9:.2f} GB in {result['files']} files, "
+          f"device {result['device']}, medians of {result['samples']}")
+    print("| setting | cache | mode | GB/s | bound GB/s (by) | ratio | host waits (syncs) in pass "
+          "| at end | loader device peak MiB | pinned peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for e in result["entries"]:
+        waits = "- | -" if e["host_waits_in_pass"] is None else \
+            f"{e['host_waits_in_pass']:.0f} ({e['host_syncs_in_pass']:.0f}) | " \
+            f"{e['host_waits_at_end']:.0f} ({e['host_syncs_at_end']:.0f})"
+        print(f"| {e['setting']} | {e['cache']} | {e['mode']} | {e['gbps']:.2f} | "
+              f"{e['bound_gbps']:.2f} ({e['bound_by']}) | {e['ratio_to_bound']:.2f} | {waits} | "
+              f"{_mib(e['loader_device_peak_bytes'])} | {_mib(e['pinned_peak_bytes'])} |")
+    for e in result["two_ranks"]:
+        print(f"| {e['setting']} | warm | {e['mode']} | {e['gbps_per_rank']:.2f} per rank | "
+              f"one rank alone {e['one_rank_gbps']:.2f} | {e['ratio_to_one_rank']:.2f} x alone | "
+              f"{e['exchange']} | | | |")
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(e["setting"], e["cache"]) for e in result["entries"]})
+    modes = [LABELS[m] for m in MODES[1:]]
+    figure, axis = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        values = [next(e["ratio_to_bound"] for e in result["entries"]
+                       if (e["setting"], e["cache"]) == g and e["mode"] == mode) for g in groups]
+        axis.bar([x + i * width for x in range(len(groups))], values, width, label=mode)
+    axis.axhline(0.9, color="gray", linestyle="--", linewidth=1, label="goal 0.9")
+    axis.set_xticks([x + width for x in range(len(groups))])
+    axis.set_xticklabels([f"{s}\n{c}" for s, c in groups])
+    axis.set_ylabel("GB/s / bound of the slower stage")
+    axis.set_title(f"device pipeline on {result['device']}, "
+                   f"{result['checkpoint_bytes'] / 1e9:.2f} GB")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--size-gb", type=float, default=1.0)
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--caches", default="warm,cold")
+    parser.add_argument("--device", choices=("simdev", "cuda"), default=None)
+    parser.add_argument("--copy-bound-gbps", type=float, default=1.0)
+    parser.add_argument("--read-bound-gbps", type=float, default=40.0)
+    parser.add_argument("--latency-us", type=float, default=10.0)
+    parser.add_argument("--no-ranks", dest="ranks", action="store_false")
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(_sample(json.loads(args.worker))))
+        return 0
+    import torch
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "simdev"
+    if args.device == "simdev":
+        os.environ.setdefault("INSTANTTENSOR_CMAKE_BUILD_DIR", os.path.join(ROOT, "build"))
+    args.caches = args.caches.split(",")
+    result = run(args)
+    print_table(result)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=1)
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The device exchange on the simulated accelerator, one process per rank.
+
+On GPUs vLLM at TP>1 passes its device group ("cpu:gloo,cuda:nccl"): the target is the GPU, so
+the loader exchanges in the device ring, each rank reading 1/world of every unit into its staging
+ring, copying it to the device, and the device backend all-gathering the rest. Here the same
+group shape runs on the simulated device ("cpu:gloo,simdev:simccl"), whose backend queues each
+collective on the device's current stream like NCCL and carries the bytes through host memory
+(tests/simulated_device/sim_collectives.h), with the suite's random delays on every device
+operation. Each rank runs on its own device (rank % 2). After every load, failed or not, the
+rank checks that no collective is left pending and that its device and pinned memory is back
+to zero.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_distributed import (MEET_OFTEN, assert_read_once_in_shares, checkpoint,  # noqa: F401
+                              copies_per_rank, fault_library, run_ranks)
+
+DEVICE = {"device": "simdev"}
+
+
+def assert_memory_back(result):
+    assert result["memory_after"] == {"device": 0, "pinned": 0, "pending_collectives": 0}, result
+
+
+# chunk_size 4096 and a 32 KiB staging ring: many units per tensor, the ring wraps.
+@pytest.mark.parametrize("world,copy", [(2, True), (2, False), (3, True), (3, False)])
+def test_every_rank_gets_every_tensor_through_the_device_exchange(tmp_path, checkpoint, world,
+                                                                  copy):
+    paths, expected, total = checkpoint
+    options = {"copy": copy, "chunk_size": 4096, "staging_size": 32 << 10}
+    if not copy:
+        options["buffer_size"] = 96 << 10
+    results = run_ranks(tmp_path, [paths] * world, options, **DEVICE)
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected  # bit-identical to a single-process load
+        assert result["stats"]["exchange"] == "device (device target)"
+        assert result["warnings"] == []
+        assert_memory_back(result)
+    assert_read_once_in_shares(results, total, world)
+
+
+@pytest.mark.parametrize("world,copy", [(2, True), (3, False)])
+def test_a_read_error_on_one_rank_raises_on_every_rank_of_the_device_exchange(
+        tmp_path, checkpoint, world, copy):
+    paths, expected, _ = checkpoint
+    options = {"copy": copy, "chunk_size": 4096, "staging_size": 32 << 10}
+    results = run_ranks(tmp_path, [paths] * world, options, timeout=120, fault_rank=1,
+                        fault_read=3, testing_library=fault_library(), retry=True,
+                        retry_files=[paths] * world, **DEVICE)
+    assert "Input/output error" in results[1].get("error", ""), results[1]
+    for rank, result in enumerate(results):
+        assert result.get("error"), result
+        if rank != 1:
+            assert "rank 1 failed" in result["error"] and "Input/output error" in result["error"]
+        assert_memory_back(result)
+        assert result["retry"].get("digests") == expected, result["retry"]  # the group works
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_file_changed_on_one_rank_raises_on_every_rank_of_the_device_exchange(
+        tmp_path, checkpoint, world):
+    paths, _, _ = checkpoint
+    per_rank = copies_per_rank(tmp_path, paths, world)
+    results = run_ranks(tmp_path, per_rank, {"copy": True, "chunk_size": 4096}, timeout=120,
+                        break_rank=1, **DEVICE)
+    assert "changed since it was opened" in results[1]["error"], results[1]
+    for rank, result in enumerate(results):
+        if rank != 1:
+            assert "rank 1 failed" in result.get("error", ""), result
+        assert_memory_back(result)
+
+
+def test_load_into_on_the_device_with_a_device_group_fills_every_destination(tmp_path,
+                                                                             checkpoint):
+    # load_into does not exchange: each rank fills its own destinations from its reads.
+    paths, expected, total = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {"keys": None, "chunk_size": 4096}, into=True,
+                        **DEVICE)
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert result["stats"]["bytes_read"] == total
+        assert_memory_back(result)
+
+
+@pytest.mark.parametrize("failure,world", [(None, 2), ("read", 2), ("read", 3), ("changed", 3)])
+def test_the_device_exchange_makes_the_same_collectives_in_the_same_order_whatever_fails(
+        tmp_path, checkpoint, failure, world):
+    paths, expected, _ = checkpoint
+    trace = str(tmp_path / "collectives")
+    options = {"copy": True, "chunk_size": 4096, "staging_size": 32 << 10}
+    spec = {}
+    files = [paths] * world
+    if failure == "read":
+        spec = dict(fault_rank=1, fault_read=3, testing_library=fault_library())
+    elif failure == "changed":
+        files = copies_per_rank(tmp_path, paths, world)
+        spec = dict(break_rank=1)
+    results = run_ranks(tmp_path, files, options, timeout=120, retry=True,
+                        retry_files=[paths] * world,
+                        env={"INSTANTTENSOR_TESTING_TRACE_COLLECTIVES": trace, **MEET_OFTEN},
+                        **spec, **DEVICE)
+    sequences = [open(f"{trace}.rank{rank}").read().splitlines() for rank in range(world)]
+    assert "handshake" in sequences[0] and "status" in sequences[0]
+    # The device backend is not gloo: one in-place all-gather per unit, as with NCCL.
+    assert any(line.startswith("all_gather ") for line in sequences[0]), sequences[0]
+    assert not any(line.startswith("broadcast ") for line in sequences[0]), sequences[0]
+    for rank in range(1, world):
+        assert sequences[rank] == sequences[0], (rank, sequences[0], sequences[rank])
+    for result in results:
+        assert_memory_back(result)
+        if failure:
+            assert result.get("error"), result
+            assert result["retry"].get("digests") == expected, result["retry"]
+        else:
+            assert result.get("digests") == expected, result
+
+
+def test_the_vllm_iterator_with_a_device_group_exchanges_on_the_device(tmp_path, checkpoint):
+    # What vLLM does at TP=2 on GPUs, on the simulated device: its device group, copy=True.
+    paths, expected, total = checkpoint
+    results = run_ranks(tmp_path, [paths] * 2, {}, vllm=True, **DEVICE)
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert result["warnings"] == []
+        assert_memory_back(result)

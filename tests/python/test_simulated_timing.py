@@ -1,0 +1,105 @@
+"""The simulated device's timing model and counters (tests/simulated_device/sim_runtime.h), which
+benchmarks/device_pipeline.py reads: what they count, that the copy engine is one per direction
+shared by all streams of a device (a lower bound on time only: the model can make copies slower,
+never faster), and that loads stay bit-exact with the model on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file as reference_load
+from safetensors.torch import save_file as reference_save
+
+import instanttensor
+import simulated_device as simdev
+
+pytestmark = pytest.mark.skipif(not simdev.load(), reason="needs the CMake build's simulated "
+                                "device (INSTANTTENSOR_CMAKE_BUILD_DIR)")
+
+
+@pytest.fixture
+def timing():
+    yield simdev.set_timing
+    simdev.set_timing(0, 0, 0)
+    simdev.set_move_bytes(True)
+
+
+def test_a_blocking_read_back_is_a_host_sync_and_an_asynchronous_copy_is_not():
+    host = torch.arange(1 << 16, dtype=torch.uint8).pin_memory()
+    device = torch.empty(1 << 16, dtype=torch.uint8, device="simdev")
+    before = simdev.counters()
+    device.copy_(host, non_blocking=True)  # pinned source: queued, the host goes on
+    queued = simdev.counters()
+    assert queued["host_syncs"] == before["host_syncs"]
+    assert torch.equal(device.cpu(), host)  # the read back waits for the copy
+    after = simdev.counters()
+    assert after["host_syncs"] == queued["host_syncs"] + 1
+    assert after["host_waits"] <= after["host_syncs"]
+
+
+def test_peaks_follow_device_and_pinned_allocations():
+    torch.ops.simdev.synchronize(0)  # frees still queued by earlier tests have run
+    simdev.reset_peaks()
+    start = simdev.device_bytes(0)
+    pinned_start = simdev.pinned_bytes_peak()
+    block = torch.empty(3 << 20, dtype=torch.uint8, device="simdev:0")
+    staging = torch.empty(1 << 20, dtype=torch.uint8).pin_memory()
+    assert simdev.device_bytes_peak(0) >= start + (3 << 20)
+    assert simdev.pinned_bytes_peak() >= pinned_start + (1 << 20)
+    del block, staging
+    torch.ops.simdev.synchronize(0)
+    simdev.reset_peaks()
+    assert simdev.device_bytes_peak(0) == simdev.device_bytes(0)
+
+
+def test_the_copy_engine_is_shared_by_the_streams_of_a_device(timing):
+    # 2 copies of 2 MB at 0.1 GB/s on two streams: 20 ms each, one after the other on the one
+    # engine, so at least 40 ms however the streams are scheduled.
+    timing(0.1, 0.1, 0)
+    host = torch.ones(2_000_000, dtype=torch.uint8).pin_memory()
+    targets = [torch.empty(2_000_000, dtype=torch.uint8, device="simdev") for _ in range(2)]
+    streams = [torch.Stream(device="simdev") for _ in range(2)]
+    torch.ops.simdev.synchronize(0)
+    start = time.perf_counter()
+    for stream, target in zip(streams, targets):
+        with stream:
+            target.copy_(host, non_blocking=True)
+    for stream in streams:
+        stream.synchronize()
+    assert time.perf_counter() - start >= 0.040
+    assert all(torch.equal(t.cpu(), host) for t in targets)  # the bytes still move
+
+
+def test_without_moving_bytes_copies_only_take_their_time(timing):
+    timing(1.0, 1.0, 0)
+    host = torch.ones(1 << 16, dtype=torch.uint8)
+    device = torch.zeros(1 << 16, dtype=torch.uint8, device="simdev")
+    torch.ops.simdev.synchronize(0)
+    simdev.set_move_bytes(False)
+    device.copy_(host)
+    simdev.set_move_bytes(True)
+    assert torch.equal(device.cpu(), torch.zeros_like(host))
+
+
+@pytest.mark.parametrize("mode", ["copy", "borrow", "into"])
+def test_loads_are_bit_exact_with_the_timing_model_on(tmp_path, timing, mode):
+    timing(0.5, 0.5, 50)
+    torch.manual_seed(5)
+    tensors = {f"w{i}": torch.randn(300 + i, 128) for i in range(6)}
+    tensors["half"] = torch.randn(1000, 33).to(torch.bfloat16)
+    path = str(tmp_path / "model.safetensors")
+    reference_save(tensors, path)
+    expected = reference_load(path)
+    options = {"copy": mode != "borrow", "staging_size": 64 << 10, "chunk_size": 16 << 10}
+    with instanttensor.safe_open([path], device="simdev:0", **options) as f:
+        if mode == "into":
+            got = {n: torch.empty_like(t, device="simdev:0") for n, t in expected.items()}
+            f.load_into(got)
+            got = {n: t.cpu() for n, t in got.items()}
+        else:
+            got = {n: t.cpu() for n, t in f.tensors()}
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
