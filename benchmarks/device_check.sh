@@ -8,7 +8,10 @@
 # tests, then the GPU benchmark (benchmarks/device_bench.py: tmpfs and disk -> GPU against the
 # peers and the ceilings, byte-checked, a 2-process load over gloo). Results in OUT_DIR; the
 # exit status is non-zero if the build, a GPU test or any instanttensor sample failed.
-# Sized for 6 minutes including the build: SIZE_GB (default 3) sets the benchmark checkpoint.
+# Then the device pipeline's CUDA form (benchmarks/device_pipeline.py --device cuda: copy=True,
+# copy=False and load_into against the slower of the read rate and a pinned copy).
+# Sized for 8 minutes including the build: SIZE_GB (default 3) sets the benchmark checkpoint,
+# PIPELINE_SIZE_GB (default 1) the pipeline's.
 set -euo pipefail
 OUT=${1:?usage: device_check.sh OUT_DIR [DEPS_DIR]}
 DEPS=${2:-}
@@ -65,6 +68,13 @@ echo "== benchmark"
 if ! timeout 200 "$PY" "$ROOT/benchmarks/device_bench.py" "$OUT" --size-gb "${SIZE_GB:-3}" \
     --samples 3; then
   echo "benchmark: FAILED (see RESULT above)"
+  STATUS=1
+fi
+echo "== device pipeline (benchmarks/device_pipeline.py, its CUDA form)"
+if ! timeout 150 "$PY" "$ROOT/benchmarks/device_pipeline.py" --device cuda \
+    --size-gb "${PIPELINE_SIZE_GB:-1}" --samples 3 --json "$OUT/device_pipeline.json" \
+    --plot "$OUT/device_pipeline.png"; then
+  echo "device pipeline: FAILED"
   STATUS=1
 fi
 echo "device check done in $(( $(date +%s) - START )) s, status $STATUS"

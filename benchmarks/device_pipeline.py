@@ -79,8 +79,13 @@ def _evict(files: list[str]) -> None:
     assert left < 0.01, f"the page cache kept {left:.0%} of a file after eviction"
 
 
+STAGING_BYTES = 64 << 20  # the loader's default staging ring (ops/loader/memory_plan.h)
+
+
 def _read_alone(files: list[str], device: str) -> None:
-    """Buffered reads by 2 threads into a pinned buffer each (16 MiB requests), no copies."""
+    """Buffered reads by 2 threads, 16 MiB each, in turn into the slots of a pinned ring as large
+    as the loader's staging ring (a smaller buffer read over and over stays in the CPU's caches
+    and would read faster than any pipeline can), no copies."""
     import torch
 
     chunk = 16 << 20
@@ -88,23 +93,26 @@ def _read_alone(files: list[str], device: str) -> None:
     for path in files:
         size = os.path.getsize(path)
         jobs += [(path, offset) for offset in range(0, size, chunk)]
-    buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    ring = torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True).numpy()
+    slots = [ring[i:i + chunk] for i in range(0, STAGING_BYTES, chunk)]
     lock = threading.Lock()
+    turn = [0]
 
-    def worker(buffer):
-        view = buffer.numpy()
+    def worker():
         fds = {}
         while True:
             with lock:
                 if not jobs:
                     break
                 path, offset = jobs.pop(0)
+                slot = slots[turn[0] % len(slots)]
+                turn[0] += 1
             fd = fds.get(path) or fds.setdefault(path, os.open(path, os.O_RDONLY))
-            os.preadv(fd, [view], offset)
+            os.preadv(fd, [slot], offset)
         for fd in fds.values():
             os.close(fd)
 
-    threads = [threading.Thread(target=worker, args=(b,)) for b in buffers]
+    threads = [threading.Thread(target=worker) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -188,6 +196,8 @@ def _sample(spec: dict) -> dict:
     else:
         _read_alone(files, device)  # warm: every page in the cache
     result = {}
+    if simdev:
+        simdev.reset_engine_stats()
     start = time.perf_counter()
     if spec["mode"] == "read":
         _read_alone(files, device)
@@ -199,8 +209,8 @@ def _sample(spec: dict) -> dict:
         destinations = {n: torch.empty(shape, dtype=dtype, device=device)
                         for n, (dtype, shape) in shapes.items()}
         probe = Probe(simdev, device)
-        start = time.perf_counter()
-        with instanttensor.safe_open(files, device=device) as f:
+        start, pass_start = time.perf_counter(), time.monotonic()
+        with instanttensor.safe_open(files, device=device, **spec.get("options", {})) as f:
             before = probe.waits()
             f.load_into(destinations)
             after = probe.waits()
@@ -211,9 +221,10 @@ def _sample(spec: dict) -> dict:
     else:
         copy = spec["mode"] == "copy"
         probe = Probe(simdev, device)
-        start = time.perf_counter()
+        start, pass_start = time.perf_counter(), time.monotonic()
         kept = []
-        with instanttensor.safe_open(files, device=device, copy=copy) as f:
+        with instanttensor.safe_open(files, device=device, copy=copy,
+                                     **spec.get("options", {})) as f:
             tensors = f.tensors()
             before = probe.waits()
             for _, tensor in tensors:
@@ -229,6 +240,16 @@ def _sample(spec: dict) -> dict:
         end = probe.waits()
         result["handed_out_bytes"] = probe.handed
         result["buffer_size"] = stats["buffer_size"]
+        result["stats"] = stats
+    if simdev:
+        # How busy the host->device engine was between the start and the last byte, and how
+        # long the pass ran before its first copy and after its last.
+        engine = simdev.engine_stats(0, True)
+        wall = result["seconds"]
+        result["engine_busy"] = engine["busy_seconds"] / wall if wall else None
+        result["engine_copies"] = engine["copies"]
+        result["before_first_copy_s"] = engine["first_start"] - pass_start
+        result["after_last_copy_s"] = pass_start + wall - engine["last_end"]
     result["loader_device_peak_bytes"] = probe.loader_peak
     result["pinned_peak_bytes"] = probe.pinned_peak()
     if before is not None:
@@ -346,7 +367,8 @@ def run(args) -> dict:
                          "seconds": seconds, "gbps": total / seconds / 1e9,
                          "ratio_to_bound": total / seconds / 1e9 / bound,
                          "samples_seconds": [s["seconds"] for s in runs]}
-                for field in ("host_waits_in_pass", "host_syncs_in_pass", "host_waits_at_end",
+                for field in ("engine_busy", "before_first_copy_s", "after_last_copy_s",
+                              "host_waits_in_pass", "host_syncs_in_pass", "host_waits_at_end",
                               "host_syncs_at_end",
                               "loader_device_peak_bytes", "pinned_peak_bytes", "handed_out_bytes",
                               "buffer_size"):

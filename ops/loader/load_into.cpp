@@ -125,11 +125,21 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
       auto range = plan::align_range(t.file_offset + done, nbytes, io.alignment());
       const uint64_t tag = read_tags::load_into(sequence++);
       while (!failed && !stream.submit(t.file_index, range, target.to + done, tag)) {
-        if (stream.waiting() == 0) {
-          throw Error(ErrorKind::Io, checkpoint.path_of(t), t.name(),
-                      "load_into: a staging slice does not fit the staging ring");
+        // No room without a wait: queue the copies of the reads already done first, so the
+        // copy engine has work while the host waits; then wait for a read while any is in
+        // flight (the copies may finish meanwhile); only then for the oldest copy. The same
+        // order as the loader's passes (Loader::wait_until_landed).
+        if (stream.waiting() > 0 && reads.done(stream.oldest_tag())) {
+          land_oldest();
+        } else if (reads.in_flight() > 0) {
+          reads.wait_one();
+        } else if (!stream.wait_oldest_copy()) {
+          if (stream.waiting() == 0) {
+            throw Error(ErrorKind::Io, checkpoint.path_of(t), t.name(),
+                        "load_into: a staging slice does not fit the staging ring");
+          }
+          land_oldest();
         }
-        land_oldest();
       }
       if (!failed) sources.push_back(&t);
     }

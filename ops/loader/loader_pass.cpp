@@ -133,6 +133,9 @@ void Loader::wait_until_landed(size_t g, size_t units) {
     land(g);
     if (enough()) break;
     if (reads_->in_flight() == 0) {
+      // Every read landed and its copy is queued; the staging ring is full of slices whose
+      // copies still run: wait for the oldest, then submit into it.
+      if (staging_ && staging_->wait_oldest_copy()) continue;
       throw Error(ErrorKind::Io, plan_.file_of(plan_.first_tensor(g)), plan_.first_tensor(g).name(),
                   "internal: waiting for a read that was never submitted");
     }

@@ -20,9 +20,13 @@ class StagingStream {
 
   // Submits the read of `range` of file `file_index` (tag `tag`) into a fresh staging slice,
   // whose `range.length` wanted bytes are later copied to `to` (device memory). Frees the oldest
-  // slices whose copies are queued to make room; returns false when every slice left still
-  // waits for its copy (land one, then submit again).
+  // slices whose copies have finished to make room, never waiting; returns false when no room
+  // is left without a wait: then land the slices whose reads are done (their copies queue
+  // behind the ones running), or wait_oldest_copy(), and submit again.
   bool submit(size_t file_index, const plan::AlignedRange& range, uint8_t* to, uint64_t tag);
+  // Blocks the host until the oldest slice whose copy is queued has been read by it and frees
+  // that slice; false (no wait) when no slice has a copy queued.
+  bool wait_oldest_copy();
   // Slices submitted and not yet copied (or dropped), oldest first.
   size_t waiting() const { return waiting_.size(); }
   uint64_t oldest_tag() const { return waiting_.front().tag; }

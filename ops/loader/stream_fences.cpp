@@ -34,6 +34,10 @@ void CopyFence::wait(const char* site) const {
   if (event_ && !fence_dropped(site)) event_->synchronize();
 }
 
+bool CopyFence::passed(const char* site) const {
+  return !event_ || fence_dropped(site) || event_->query();
+}
+
 void CopyFence::block(const c10::Stream& stream, const char* site) const {
   if (event_ && !fence_dropped(site)) event_->block(stream);
 }

@@ -133,6 +133,17 @@ def set_move_bytes(on: bool) -> None:
     torch.ops.simdev.set_move_bytes(bool(on))
 
 
+def engine_stats(index: int = 0, h2d: bool = True) -> dict:
+    """What a copy engine did since reset_engine_stats: copies, busy seconds (modelled), and
+    when the first began and the last ended (time.monotonic)."""
+    copies, busy, first, last = torch.ops.simdev.engine_stats(index, h2d)
+    return {"copies": int(copies), "busy_seconds": busy, "first_start": first, "last_end": last}
+
+
+def reset_engine_stats() -> None:
+    torch.ops.simdev.reset_engine_stats()
+
+
 def reset_peaks() -> None:
     torch.ops.simdev.reset_peaks()
 

@@ -88,6 +88,16 @@ TORCH_LIBRARY(simdev, m) {
                            static_cast<int64_t>(c.pending_polls));
   });
   m.def("reset_peaks() -> ()", [] { reset_peaks(); });
+  // (copies, busy seconds, first start, last end) of the host-to-device engine (h2d true) or
+  // the device-to-host one, since reset_engine_stats (sim_runtime.h).
+  m.def("engine_stats(int device, bool h2d) -> (int, float, float, float)",
+        [](int64_t device, bool h2d) {
+          EngineStats e = engine_stats(static_cast<c10::DeviceIndex>(device),
+                                       h2d ? Direction::HostToDevice : Direction::DeviceToHost);
+          return std::make_tuple(static_cast<int64_t>(e.copies), e.busy_seconds, e.first_start,
+                                 e.last_end);
+        });
+  m.def("reset_engine_stats() -> ()", [] { reset_engine_stats(); });
   m.def("device_bytes_peak(int device) -> int", [](int64_t device) {
     return static_cast<int64_t>(device_bytes_peak(static_cast<c10::DeviceIndex>(device)));
   });

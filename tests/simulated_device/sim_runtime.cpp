@@ -63,8 +63,14 @@ std::atomic<bool> moving_bytes{true};
 std::mutex timing_mutex;
 Timing current_timing = timing_from_environment();
 
-// One engine per device and direction: a copy holds its mutex for the modelled duration.
+// One engine per device and direction: a copy holds its mutex for the modelled duration, and
+// records what it did under it.
 std::array<std::array<std::mutex, 2>, kDeviceCount> engines;
+std::array<std::array<EngineStats, 2>, kDeviceCount> engine_records;
+
+double monotonic_seconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
 thread_local std::array<c10::StreamId, kDeviceCount> thread_streams{};
 std::atomic<uint32_t> next_pool_stream{0};
 std::atomic<uint32_t> next_new_stream{0};
@@ -136,6 +142,9 @@ void Stream::run() {
     lock.unlock();
     maybe_delay();
     op();
+    // Released outside the lock: its captures (a storage kept alive for the copy) may free a
+    // device block, which queues on a stream, maybe this one.
+    op = nullptr;
     lock.lock();
     completed_ = sequence;
     changed_.notify_all();
@@ -218,6 +227,27 @@ void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const v
   auto modelled = std::chrono::duration<double>(t.latency_seconds + nbytes / bandwidth);
   std::this_thread::sleep_until(start +
                                 std::chrono::duration_cast<std::chrono::nanoseconds>(modelled));
+  auto end = std::chrono::steady_clock::now();
+  EngineStats& record = engine_records[device][static_cast<int>(direction)];
+  if (record.copies == 0) record.first_start = monotonic_seconds(start);
+  record.copies += 1;
+  record.busy_seconds += std::chrono::duration<double>(end - start).count();
+  record.last_end = monotonic_seconds(end);
+}
+
+EngineStats engine_stats(c10::DeviceIndex device, Direction direction) {
+  check_device(device);
+  std::lock_guard<std::mutex> engine(engines[device][static_cast<int>(direction)]);
+  return engine_records[device][static_cast<int>(direction)];
+}
+
+void reset_engine_stats() {
+  for (int d = 0; d < kDeviceCount; ++d) {
+    for (int direction = 0; direction < 2; ++direction) {
+      std::lock_guard<std::mutex> engine(engines[d][direction]);
+      engine_records[d][direction] = EngineStats();
+    }
+  }
 }
 
 Counters counters() {

@@ -121,6 +121,18 @@ struct Counters {
   uint64_t pending_polls = 0;
 };
 Counters counters();
+
+// What one copy engine did since the last reset_engine_stats: copies, the seconds they held it
+// (modelled), and when the first began and the last ended (steady clock: Python's
+// time.monotonic). Benchmarks compare busy time with the pass's wall time.
+struct EngineStats {
+  uint64_t copies = 0;
+  double busy_seconds = 0;
+  double first_start = 0;
+  double last_end = 0;
+};
+EngineStats engine_stats(c10::DeviceIndex device, Direction direction);
+void reset_engine_stats();
 void count_pending_poll();
 // Peaks restart at the bytes in use now.
 void reset_peaks();
