@@ -25,7 +25,9 @@ mincore); figures are medians. Per mode and setting:
   pinned peak     pinned host bytes the loader held
 A 2-rank row (simulated device, copy=True, warm): each rank on its own device in a device group
 ("cpu:gloo,simdev:simccl", vLLM's shape), its GB/s against one rank alone. The simulated
-collectives carry bytes through host memory and the copy engines (a machine without NVLink).
+collectives carry the control messages through host memory (gloo); a unit's gather takes the
+copy engines' time for its bytes both ways and a rendezvous of the ranks (a machine without
+NVLink, where the gathered bytes cross each rank's host bus).
 
 What the figures model and what they do not: the pipeline's structure (what overlaps with what,
 what waits on what, what memory it holds) with a copy engine of the given speed. Not the H200's
@@ -269,39 +271,52 @@ import instanttensor
 assert simdev.register_collectives()
 simdev.set_delays(False)
 simdev.set_timing(spec["h2d_gbps"], spec["d2h_gbps"], spec["latency_us"])
+# As in one process, copies take their time without moving bytes; the simulated collectives
+# still move the control messages (handshake, status words) and take the copy engines' time and
+# a rendezvous of the ranks for the data.
 simdev.set_move_bytes(False)
-dist.init_process_group(simdev.DEVICE_GROUP, init_method="file://" + spec["store"], rank=rank,
-                        world_size=2)
-dist.barrier()
+world = spec["world"]
+if world > 1:
+    dist.init_process_group(simdev.DEVICE_GROUP, init_method="file://" + spec["store"],
+                            rank=rank, world_size=world)
+    dist.barrier()
 device = f"simdev:{rank}"
+simdev.reset_engine_stats()
 start = time.perf_counter()
 with instanttensor.safe_open(spec["files"], device=device, copy=True,
-                             process_group=dist.group.WORLD) as f:
+                             process_group=dist.group.WORLD if world > 1 else None) as f:
     kept = [t for _, t in f.tensors()]
     stats = f.stats()
 torch.ops.simdev.synchronize(rank)
 seconds = time.perf_counter() - start
-json.dump({"seconds": seconds, "bytes_read": stats["bytes_read"], "exchange": stats["exchange"]},
-          open(spec["out"] % rank, "w"))
-dist.destroy_process_group()
+h2d, d2h = simdev.engine_stats(rank, True), simdev.engine_stats(rank, False)
+json.dump({"seconds": seconds, "bytes_read": stats["bytes_read"], "exchange": stats["exchange"],
+           "h2d_busy": h2d["busy_seconds"] / seconds, "d2h_busy": d2h["busy_seconds"] / seconds,
+           "stats": stats}, open(spec["out"] % rank, "w"))
+if world > 1:
+    dist.destroy_process_group()
 """
 
 
-def _two_ranks(spec: dict) -> dict:
+def _ranks(spec: dict, world: int) -> dict:
+    """`world` processes (1: a rank alone, no group), each on its own simulated device."""
     with tempfile.TemporaryDirectory() as folder:
         script = os.path.join(folder, "rank.py")
         open(script, "w").write(RANK_SCRIPT)
         spec = dict(spec, store=os.path.join(folder, "store"), out=os.path.join(folder, "r%d.json"),
-                    tests=os.path.join(ROOT, "tests", "python"))
-        # Warm for both ranks: read once beforehand.
+                    tests=os.path.join(ROOT, "tests", "python"), world=world)
         procs = [subprocess.Popen([sys.executable, script, json.dumps(spec), str(r)])
-                 for r in range(2)]
+                 for r in range(world)]
         for p in procs:
             if p.wait(timeout=600) != 0:
                 raise RuntimeError("a rank failed")
-        ranks = [json.load(open(spec["out"] % r)) for r in range(2)]
+        ranks = [json.load(open(spec["out"] % r)) for r in range(world)]
     return {"seconds": max(r["seconds"] for r in ranks), "exchange": ranks[0]["exchange"],
-            "bytes_read": [r["bytes_read"] for r in ranks]}
+            "bytes_read": [r["bytes_read"] for r in ranks],
+            "h2d_busy": [round(r["h2d_busy"], 3) for r in ranks],
+            "d2h_busy": [round(r["d2h_busy"], 3) for r in ranks],
+            "wait_seconds": [round(r["stats"]["wait_seconds"], 3) for r in ranks],
+            "exchange_seconds": [round(r["stats"]["exchange_seconds"], 3) for r in ranks]}
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -379,17 +394,20 @@ def run(args) -> dict:
         for setting, gbps in settings.items():
             spec = {"files": files, "h2d_gbps": gbps, "d2h_gbps": gbps,
                     "latency_us": args.latency_us}
-            _read_alone_in_process(files)
-            runs = [_two_ranks(spec) for _ in range(args.samples)]
-            alone = next(e for e in entries if e["setting"] == setting and e["cache"] == "warm"
-                         and e["mode"] == "copy=True")
+            _read_alone_in_process(files)  # warm for every rank
+            runs, alone = [], []
+            for round_ in range(args.samples):  # interleaved, the order rotating
+                for world in ((2, 1) if round_ % 2 == 0 else (1, 2)):
+                    (runs if world == 2 else alone).append(_ranks(spec, world))
             seconds = _median([r["seconds"] for r in runs])
+            alone_seconds = _median([r["seconds"] for r in alone])
             two.append({"setting": setting, "cache": "warm", "mode": "copy=True, 2 ranks",
                         "gbps_per_rank": total / seconds / 1e9,
-                        "one_rank_gbps": alone["gbps"],
-                        "ratio_to_one_rank": total / seconds / 1e9 / alone["gbps"],
+                        "one_rank_gbps": total / alone_seconds / 1e9,
+                        "ratio_to_one_rank": alone_seconds / seconds,
                         "exchange": runs[0]["exchange"], "bytes_read": runs[0]["bytes_read"],
-                        "samples_seconds": [r["seconds"] for r in runs]})
+                        "samples_seconds": [r["seconds"] for r in runs],
+                        "one_rank_samples_seconds": [r["seconds"] for r in alone]})
     return {"device": args.device, "checkpoint_bytes": total, "files": len(files),
             "samples": rounds, "latency_us": args.latency_us, "entries": entries,
             "two_ranks": two}
@@ -403,18 +421,9 @@ def _read_alone_in_process(files):
 
 
 def _pinned_h2d_gbps() -> float:
-    import torch
+    from device_bench import pinned_h2d_gbps  # the GPU check's ceiling, beside this file
 
-    nbytes = 256 << 20
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    device.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(3):
-        device.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
-    return 3 * nbytes / (time.perf_counter() - start) / 1e9
+    return pinned_h2d_gbps(256 << 20)
 
 
 def _mib(value) -> str:

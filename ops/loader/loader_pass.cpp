@@ -270,9 +270,12 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_exchanged() {
   } else if (pass_.groups[g].units_exchanged == 0) {
     try {
       loader::GroupState& state = pass_.groups[g];
+      // From the plan, not from state.where: a rank that failed before placing the group must
+      // still make the same collectives as the others.
+      const bool shares =
+          mode_.uses_shares(mode_.destination_of(plan_.first_tensor(g).nbytes, device_budget_));
       exchange_->exchange_group(
-          g, plan_, state, mode_.uses_shares(state.where), failure,
-          [&](size_t units) { wait_until_landed(g, units); },
+          g, plan_, state, shares, failure, [&](size_t units) { wait_until_landed(g, units); },
           stage_ ? &stage_->streams().loader() : nullptr, stats_);
     } catch (const Error& e) {
       drain_in_flight();

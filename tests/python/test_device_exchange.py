@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_distributed import (MEET_OFTEN, assert_read_once_in_shares, checkpoint,  # noqa: F401
-                              copies_per_rank, fault_library, run_ranks)
+from test_distributed import (assert_read_once_in_shares, checkpoint,  # noqa: F401
+                              collectives_through_a_failure, copies_per_rank, fault_library,
+                              run_ranks)
 
 DEVICE = {"device": "simdev"}
 
@@ -90,21 +91,10 @@ def test_load_into_on_the_device_with_a_device_group_fills_every_destination(tmp
 @pytest.mark.parametrize("failure,world", [(None, 2), ("read", 2), ("read", 3), ("changed", 3)])
 def test_the_device_exchange_makes_the_same_collectives_in_the_same_order_whatever_fails(
         tmp_path, checkpoint, failure, world):
-    paths, expected, _ = checkpoint
-    trace = str(tmp_path / "collectives")
+    _, expected, _ = checkpoint
     options = {"copy": True, "chunk_size": 4096, "staging_size": 32 << 10}
-    spec = {}
-    files = [paths] * world
-    if failure == "read":
-        spec = dict(fault_rank=1, fault_read=3, testing_library=fault_library())
-    elif failure == "changed":
-        files = copies_per_rank(tmp_path, paths, world)
-        spec = dict(break_rank=1)
-    results = run_ranks(tmp_path, files, options, timeout=120, retry=True,
-                        retry_files=[paths] * world,
-                        env={"INSTANTTENSOR_TESTING_TRACE_COLLECTIVES": trace, **MEET_OFTEN},
-                        **spec, **DEVICE)
-    sequences = [open(f"{trace}.rank{rank}").read().splitlines() for rank in range(world)]
+    sequences, results = collectives_through_a_failure(tmp_path, checkpoint, failure, world,
+                                                       options, **DEVICE)
     assert "handshake" in sequences[0] and "status" in sequences[0]
     # The device backend is not gloo: one in-place all-gather per unit, as with NCCL.
     assert any(line.startswith("all_gather ") for line in sequences[0]), sequences[0]

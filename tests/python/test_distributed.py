@@ -382,6 +382,27 @@ def test_load_into_fills_every_destination_on_every_rank(tmp_path, checkpoint):
         assert result["stats"]["bytes_read"] == total  # each rank reads what it fills
 
 
+def collectives_through_a_failure(tmp_path, checkpoint, failure, world, options, **spec):
+    """Runs a load that fails as `failure` says ("read": a read error on rank 1; "changed": rank
+    1's copy of a file changes after the handshake; None) and a retry, each rank recording its
+    collectives (test-only INSTANTTENSOR_TESTING_TRACE_COLLECTIVES). Returns each rank's
+    sequence and result."""
+    paths, _, _ = checkpoint
+    trace = str(tmp_path / "collectives")
+    files = [paths] * world
+    if failure == "read":
+        spec.update(fault_rank=1, fault_read=3, testing_library=fault_library())
+    elif failure == "changed":
+        files = copies_per_rank(tmp_path, paths, world)
+        spec.update(break_rank=1)
+    results = run_ranks(tmp_path, files, options, timeout=120, retry=True,
+                        retry_files=[paths] * world,
+                        env={"INSTANTTENSOR_TESTING_TRACE_COLLECTIVES": trace, **MEET_OFTEN},
+                        **spec)
+    sequences = [open(f"{trace}.rank{rank}").read().splitlines() for rank in range(world)]
+    return sequences, results
+
+
 @pytest.mark.parametrize("failure,world,staged,exchange", [
     (None, 2, False, "always"), ("read", 2, False, "always"), ("read", 3, True, "auto"),
     ("changed", 2, False, "always"), ("changed", 3, True, "auto"),
@@ -392,23 +413,12 @@ def test_every_rank_makes_the_same_collectives_in_the_same_order_whatever_fails(
         tmp_path, checkpoint, failure, world, staged, exchange):
     # The exchange protocol's promise: a failure on one rank changes what every rank does
     # (they all stop after the same status round), never the sequence of collectives, so no
-    # rank waits in a collective the others skipped. Each rank records its collectives
-    # (test-only INSTANTTENSOR_TESTING_TRACE_COLLECTIVES) through a failed load and a retry.
-    paths, expected, _ = checkpoint
-    trace = str(tmp_path / "collectives")
+    # rank waits in a collective the others skipped. Each rank records its collectives through a
+    # failed load and a retry.
+    _, expected, _ = checkpoint
     options = {"copy": True, "chunk_size": 4096, "_force_staging": staged, "exchange": exchange}
-    spec = {}
-    files = [paths] * world
-    if failure == "read":
-        spec = dict(fault_rank=1, fault_read=3, testing_library=fault_library())
-    elif failure == "changed":
-        files = copies_per_rank(tmp_path, paths, world)
-        spec = dict(break_rank=1)
-    results = run_ranks(tmp_path, files, options, timeout=120, retry=True,
-                        retry_files=[paths] * world,
-                        env={"INSTANTTENSOR_TESTING_TRACE_COLLECTIVES": trace, **MEET_OFTEN},
-                        **spec)
-    sequences = [open(f"{trace}.rank{rank}").read().splitlines() for rank in range(world)]
+    sequences, results = collectives_through_a_failure(tmp_path, checkpoint, failure, world,
+                                                       options)
     assert "handshake" in sequences[0] and "status" in sequences[0]
     if failure is None:  # ranks reading alone meet between tensors too, not only at the end
         assert sequences[0].count("status") >= 3, sequences[0]

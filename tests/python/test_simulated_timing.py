@@ -72,15 +72,19 @@ def test_the_copy_engine_is_shared_by_the_streams_of_a_device(timing):
     assert all(torch.equal(t.cpu(), host) for t in targets)  # the bytes still move
 
 
-def test_without_moving_bytes_copies_only_take_their_time(timing):
+def test_without_moving_bytes_copies_only_take_their_time_but_small_ones_move(timing):
+    # Above 64 KiB a copy only takes its time; control messages (a status word) still arrive.
     timing(1.0, 1.0, 0)
-    host = torch.ones(1 << 16, dtype=torch.uint8)
-    device = torch.zeros(1 << 16, dtype=torch.uint8, device="simdev")
+    large, small = torch.ones(1 << 20, dtype=torch.uint8), torch.ones(64, dtype=torch.uint8)
+    on_device = [torch.zeros_like(t, device="simdev") for t in (large, small)]
     torch.ops.simdev.synchronize(0)
     simdev.set_move_bytes(False)
-    device.copy_(host)
+    for host, device in zip((large, small), on_device):
+        device.copy_(host)
+    small_back = on_device[1].cpu()
     simdev.set_move_bytes(True)
-    assert torch.equal(device.cpu(), torch.zeros_like(host))
+    assert torch.equal(on_device[0].cpu(), torch.zeros_like(large))
+    assert torch.equal(small_back, small)
 
 
 @pytest.mark.parametrize("mode", ["copy", "borrow", "into"])

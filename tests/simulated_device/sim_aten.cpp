@@ -86,7 +86,7 @@ void queued_copy(Stream& s, void* to, const void* from, size_t nbytes, bool asyn
   uint64_t sequence = s.enqueue([to, from, nbytes, device, engine, keep = std::move(keep)] {
     if (engine) {
       engine_copy(device, *engine, to, from, nbytes);
-    } else if (move_bytes()) {
+    } else if (moves(nbytes)) {
       std::memcpy(to, from, nbytes);
     }
   });

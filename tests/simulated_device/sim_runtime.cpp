@@ -210,20 +210,22 @@ Timing timing() {
 
 void set_move_bytes(bool on) { moving_bytes.store(on); }
 bool move_bytes() { return moving_bytes.load(); }
+bool moves(size_t nbytes) { return nbytes <= (64u << 10) || move_bytes(); }
 
 void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
                  size_t nbytes) {
+  const bool moving = moves(nbytes);
   check_device(device);
   const Timing t = timing();
   const double bandwidth =
       direction == Direction::HostToDevice ? t.h2d_bytes_per_second : t.d2h_bytes_per_second;
   if (bandwidth <= 0) {
-    if (move_bytes()) std::memcpy(to, from, nbytes);
+    if (moving) std::memcpy(to, from, nbytes);
     return;
   }
   std::lock_guard<std::mutex> engine(engines[device][static_cast<int>(direction)]);
   auto start = std::chrono::steady_clock::now();
-  if (move_bytes()) std::memcpy(to, from, nbytes);
+  if (moving) std::memcpy(to, from, nbytes);
   auto modelled = std::chrono::duration<double>(t.latency_seconds + nbytes / bandwidth);
   std::this_thread::sleep_until(start +
                                 std::chrono::duration_cast<std::chrono::nanoseconds>(modelled));

@@ -99,13 +99,16 @@ Timing timing();
 // fresh device memory is poisoned. Off, they only take their modelled time, so the host's cores
 // are not spent simulating a DMA engine and device memory (benchmarks/device_pipeline.py); the
 // correctness tests always move the bytes.
+// Copies of up to 64 KiB always move: control messages (a collective's status words, a
+// handshake) travel in them and must arrive.
 void set_move_bytes(bool on);
 bool move_bytes();
+bool moves(size_t nbytes);
 
 enum class Direction { HostToDevice, DeviceToHost };
-// Moves `nbytes` (real bytes: every copy still lands) through the copy engine of `device` for
-// `direction`, holding it as long as the model says (at least as long as the memcpy takes).
-// Called on stream workers, where queued copies run.
+// Moves `nbytes` through the copy engine of `device` for `direction`, holding it as long as
+// the model says (at least as long as the memcpy takes). The bytes move unless moves(nbytes)
+// says otherwise (below). Called on stream workers, where queued copies run.
 void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
                  size_t nbytes);
 
