@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -204,7 +205,7 @@ def run_two_ranks(tmp_path, name, **spec):
     script.write_text(RANK_SCRIPT)
     spec.update(store=str(tmp_path / "store"), out=str(tmp_path / "rank%d.json"),
                 tests=os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
+    env = dict(os.environ, INSTANTTENSOR_DEBUG="1")  # each load's line says how it exchanged
     if spec.get("device") == "simdev":
         if not simulated_device.register_collectives():
             pytest.skip("needs the CMake build's simulated device (INSTANTTENSOR_CMAKE_BUILD_DIR)")
@@ -224,7 +225,9 @@ def run_two_ranks(tmp_path, name, **spec):
     results = []
     for rank, proc in enumerate(procs):
         assert proc.returncode == 0, errors[rank][-3000:]
-        results.append(json.loads((tmp_path / f"rank{rank}.json").read_text()))
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        result["exchanges"] = re.findall(r", exchange: (.*)$", errors[rank], re.MULTILINE)
+        results.append(result)
     return results
 
 
@@ -252,6 +255,7 @@ def test_vllm_two_ranks_exchange_on_the_device_over_a_device_group(moe_checkpoin
     for rank, result in enumerate(run_two_ranks(tmp_path, "vllm", files=paths, device="simdev")):
         assert result["digests"] == reference
         assert result["devices"] == [f"simdev:{rank}"]
+        assert result["exchanges"] == ["device (device target)"], result["exchanges"]
 
 
 def test_sglang_two_ranks_exchange_on_the_device_over_a_device_group(moe_checkpoint, tmp_path):
@@ -261,6 +265,7 @@ def test_sglang_two_ranks_exchange_on_the_device_over_a_device_group(moe_checkpo
                                                 device="simdev")):
         assert result["digests"] == reference
         assert result["devices"] == [f"simdev:{rank}"]
+        assert result["exchanges"] == ["device (device target)"], result["exchanges"]
 
 
 @pytest.mark.parametrize("extra_config", [None, {"backend": "BUFFERED"}])

@@ -5,6 +5,7 @@ never faster), and that loads stay bit-exact with the model on."""
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -27,8 +28,10 @@ def timing():
 
 
 def test_a_blocking_read_back_is_a_host_sync_and_an_asynchronous_copy_is_not():
+    gc.collect()  # an earlier test's loader closed by the collector would sync in between
     host = torch.arange(1 << 16, dtype=torch.uint8).pin_memory()
     device = torch.empty(1 << 16, dtype=torch.uint8, device="simdev")
+    torch.ops.simdev.synchronize(0)
     before = simdev.counters()
     device.copy_(host, non_blocking=True)  # pinned source: queued, the host goes on
     queued = simdev.counters()
@@ -36,7 +39,16 @@ def test_a_blocking_read_back_is_a_host_sync_and_an_asynchronous_copy_is_not():
     assert torch.equal(device.cpu(), host)  # the read back waits for the copy
     after = simdev.counters()
     assert after["host_syncs"] == queued["host_syncs"] + 1
-    assert after["host_waits"] <= after["host_syncs"]
+    # A sync on work already done is not a wait; on work still queued it is.
+    torch.ops.simdev.synchronize(0)
+    idle = simdev.counters()
+    torch.ops.simdev.synchronize(0)  # every stream of the device, all idle
+    again = simdev.counters()
+    assert again["host_syncs"] > idle["host_syncs"]
+    assert again["host_waits"] == idle["host_waits"]
+    torch.ops.simdev.sleep(0, 20_000)  # 20 ms on the current stream
+    torch.ops.simdev.synchronize(0)
+    assert simdev.counters()["host_waits"] >= again["host_waits"] + 1
 
 
 def test_peaks_follow_device_and_pinned_allocations():
@@ -50,6 +62,9 @@ def test_peaks_follow_device_and_pinned_allocations():
     assert simdev.pinned_bytes_peak() >= pinned_start + (1 << 20)
     del block, staging
     torch.ops.simdev.synchronize(0)
+    # The peak stays above what is in use now until reset, then restarts there.
+    assert simdev.device_bytes(0) == start
+    assert simdev.device_bytes_peak(0) >= start + (3 << 20)
     simdev.reset_peaks()
     assert simdev.device_bytes_peak(0) == simdev.device_bytes(0)
 

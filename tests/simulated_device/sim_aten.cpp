@@ -181,8 +181,11 @@ at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& 
   std::vector<int64_t> sizes(first.sizes().begin(), first.sizes().end());
   sizes[0] = 0;
   for (const at::Tensor& t : inputs) {
-    TORCH_CHECK(t.is_contiguous() && t.scalar_type() == out.scalar_type() && t.dim() == first.dim(),
-                "simdev: cat is simulated for contiguous tensors of the output's dtype");
+    TORCH_CHECK(t.is_contiguous() && t.scalar_type() == out.scalar_type() &&
+                    t.dim() == first.dim() && t.sizes().slice(1) == first.sizes().slice(1) &&
+                    t.device() == out.device() && !t.is_same(out),
+                "simdev: cat is simulated for contiguous tensors of the output's dtype, device "
+                "and trailing sizes, apart from the output");
     sizes[0] += t.size(0);
   }
   (resize)(out, sizes, std::nullopt);  // parenthesized: not at::resize by ADL

@@ -120,6 +120,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveBackend::launch(c10::DeviceIndex device
   {
     // Issued in call order: every rank's communication thread then runs them in the same order.
     std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) std::rethrow_exception(failed_);
     jobs_.push_back(job);
     in_flight_ += 1;
   }
@@ -158,15 +159,19 @@ void CollectiveBackend::run_jobs() {
     std::function<void()> finished = std::move(job->body);  // its tensors go with it, here
     finished = nullptr;
     {
+      // Counted out before the stream moves on: a host that synchronized sees it gone.
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_flight_ -= 1;
+      // Like NCCL's asynchronous errors: the communicator is broken from here on, and every
+      // later collective raises when it is issued.
+      if (error && !failed_) failed_ = error;
+    }
+    {
       std::lock_guard<std::mutex> lock(job->mutex);
       job->error = error;
       job->done = true;
     }
     job->changed.notify_all();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      in_flight_ -= 1;
-    }
   }
 }
 
@@ -240,10 +245,9 @@ c10::intrusive_ptr<c10d::Work> CollectiveBackend::_allgather_base(
                   if (!moves(out.nbytes())) {
                     // Benchmarks (sim_runtime.h): the copy engines' time and a rendezvous of
                     // the ranks, no bytes.
-                    engine_copy(simccl_device_of(in), Direction::DeviceToHost, nullptr, nullptr,
-                                in.nbytes());
+                    engine_time(simccl_device_of(in), Direction::DeviceToHost, in.nbytes());
                     host->barrier(c10d::BarrierOptions())->wait();
-                    engine_copy(simccl_device_of(out), Direction::HostToDevice, nullptr, nullptr,
+                    engine_time(simccl_device_of(out), Direction::HostToDevice,
                                 out.nbytes() - (in_place ? in.nbytes() : 0));
                     return;
                   }
@@ -275,7 +279,14 @@ c10::intrusive_ptr<c10d::Work> CollectiveBackend::allgather_into_tensor_coalesce
 }
 
 c10::intrusive_ptr<c10d::Work> CollectiveBackend::barrier(const c10d::BarrierOptions& options) {
-  return host_->barrier(options);
+  // On the communication thread like every collective (gloo pairs operations in call order),
+  // and the host waits for it, as NCCL's barrier synchronizes its stream.
+  auto host = host_;
+  auto work = launch(current_device(), c10d::OpType::BARRIER,
+                     [host, options] { host->barrier(options)->wait(); }, {});
+  stream_of(current_stream(current_device())).synchronize();
+  work->wait();
+  return work;
 }
 
 }  // namespace simdev

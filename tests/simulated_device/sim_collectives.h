@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -41,7 +42,8 @@ class CollectiveBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& options) override;
-  // A host barrier, through the host backend (as NCCL's barrier blocks until every rank came).
+  // A barrier through the host backend, in order with the collectives; returns once every rank
+  // came (as NCCL's barrier synchronizes its stream).
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& options) override;
 
   // Collectives issued and not yet carried (tests: nothing left pending after a failure).
@@ -60,6 +62,7 @@ class CollectiveBackend final : public c10d::Backend {
   std::condition_variable changed_;
   std::deque<std::shared_ptr<CollectiveJob>> jobs_;
   size_t in_flight_ = 0;
+  std::exception_ptr failed_;  // the first collective that failed: later ones raise it
   bool stopping_ = false;
   std::thread communicator_;
 };

@@ -212,9 +212,10 @@ void set_move_bytes(bool on) { moving_bytes.store(on); }
 bool move_bytes() { return moving_bytes.load(); }
 bool moves(size_t nbytes) { return nbytes <= (64u << 10) || move_bytes(); }
 
-void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
-                 size_t nbytes) {
-  const bool moving = moves(nbytes);
+namespace {
+// The engine for `nbytes`, moving them when `moving`.
+void run_engine(c10::DeviceIndex device, Direction direction, void* to, const void* from,
+                size_t nbytes, bool moving) {
   check_device(device);
   const Timing t = timing();
   const double bandwidth =
@@ -235,6 +236,16 @@ void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const v
   record.copies += 1;
   record.busy_seconds += std::chrono::duration<double>(end - start).count();
   record.last_end = monotonic_seconds(end);
+}
+}  // namespace
+
+void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
+                 size_t nbytes) {
+  run_engine(device, direction, to, from, nbytes, moves(nbytes));
+}
+
+void engine_time(c10::DeviceIndex device, Direction direction, size_t nbytes) {
+  run_engine(device, direction, nullptr, nullptr, nbytes, false);
 }
 
 EngineStats engine_stats(c10::DeviceIndex device, Direction direction) {

@@ -111,6 +111,8 @@ enum class Direction { HostToDevice, DeviceToHost };
 // says otherwise (below). Called on stream workers, where queued copies run.
 void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
                  size_t nbytes);
+// Holds the engine for the modelled time of `nbytes`, moving nothing (benchmarks).
+void engine_time(c10::DeviceIndex device, Direction direction, size_t nbytes);
 
 // Counters the tests and benchmarks read (any thread):
 // - host syncs: a host thread (not a stream worker) asking to wait until a stream reaches a
