@@ -50,8 +50,9 @@ S="$VENVS/sglang"
 "$S/bin/python" -m pip install -q setuptools wheel safetensors pytest numpy tqdm packaging
 "$S/bin/python" -m pip install -q --no-build-isolation "$ROOT"
 "$S/bin/python" -m pip install -q --no-deps sglang==0.5.23 -r tests/callers/sglang-0.5.23.txt
-# The simulated device against this venv's torch (the main build's is for torch 2.13).
-cmake -S . -B "$VENVS/sglang-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# The simulated device against this venv's torch (the main build's is for torch 2.13), in a
+# build folder of this checkout (a CMake cache belongs to one source tree).
+cmake -S . -B build-sglang -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython3_EXECUTABLE="$S/bin/python" >/dev/null
-cmake --build "$VENVS/sglang-build" --target instanttensor_simdev instanttensor_simccl
-run_tests "$S/bin/python" sglang "$VENVS/sglang-build"
+cmake --build build-sglang --target instanttensor_simdev instanttensor_simccl
+run_tests "$S/bin/python" sglang "$ROOT/build-sglang"
