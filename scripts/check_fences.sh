@@ -2,20 +2,21 @@
 # Proof that the device tests can fail: runs tests/python/test_accelerator.py on the simulated
 # device with random delays once per fence of the device path, that fence dropped
 # (INSTANTTENSOR_TESTING_DROP_FENCE, ops/loader/stream_fences.h), and fails unless every such
-# run goes red (a failed test, or a crash: a copy reading freed memory). Prints what caught each.
+# run goes red (a failed test, a copy into freed device memory counted by the simulated device,
+# or a crash: a copy reading freed memory). Prints what caught each.
 set -uo pipefail
 cd "$(dirname "$0")/../tests/python"
 BUILD=${INSTANTTENSOR_CMAKE_BUILD_DIR:-$(cd ../.. && pwd)/build}
 # load_into_done is not listed: load_into waits on the host for every copy before it returns
 # (its contract), which orders the consumer's later work too; the fence is belt and braces.
-FENCES=(staging_reuse release retained_reads landed load_into_start materialize)
+FENCES=(staging_reuse release retained_reads landed load_into_start materialize owned_free)
 uncaught=()
 for fence in "${FENCES[@]}"; do
   out=$(INSTANTTENSOR_TESTING_DROP_FENCE=$fence INSTANTTENSOR_SIMDEV_DELAY=1 \
     INSTANTTENSOR_CMAKE_BUILD_DIR=$BUILD timeout 600 "${PYTHON:-python3}" -m pytest -q \
     -p no:cacheprovider test_accelerator.py 2>&1)
   rc=$?
-  caught=$(echo "$out" | grep -E "^FAILED" | sed -e 's/^FAILED test_accelerator.py:://' -e 's/ - .*//' | paste -sd, -)
+  caught=$(echo "$out" | grep -E "^(FAILED|ERROR)" | sed -e 's/^[A-Z]* test_accelerator.py:://' -e 's/ - .*//' | paste -sd, -)
   crash=$(echo "$out" | grep -oE "Fatal Python error: [A-Za-z ]+" | head -1)
   if [ $rc -eq 0 ]; then
     uncaught+=("$fence")

@@ -97,6 +97,10 @@ class Loader {
   // The pass (loader_pass.cpp).
   void begin_pass();
   void drain_in_flight() noexcept;
+  // Orders the free of owned device destinations not handed out (all of the pass's; one) after
+  // the copies queued so far on the loader's stream. Consumer thread.
+  void keep_owned_until_copied() noexcept;
+  void keep_until_copied(c10::StorageImpl& owned) noexcept;
   // Places and submits groups ahead of the consumer, as far as memory allows.
   void pump();
   loader::Placement& placement_for(loader::Destination where);

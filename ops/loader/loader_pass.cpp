@@ -1,6 +1,7 @@
 // The pass over the read plan: placing and submitting groups ahead of the consumer, landing
 // them, exchanging them with the other ranks, and handing their tensors out in storage order.
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/ScopeExit.h>
 
 #include "loader/loader.h"
 #include "loader/read_tags.h"
@@ -20,6 +21,31 @@ void Loader::drain_in_flight() noexcept {
   reads_->drain();
   whole_groups_->reset();
   shares_->reset();
+  keep_owned_until_copied();
+}
+
+void Loader::keep_owned_until_copied() noexcept {
+  for (auto& item : pass_.items) {
+    if (item.owned) keep_until_copied(*item.owned);
+  }
+}
+
+void Loader::keep_until_copied(c10::StorageImpl& owned) noexcept {
+  if (!stage_ || owned.device().is_cpu() || loader::fence_dropped("owned_free")) return;
+  // Owned device memory dropped before it was handed out may still be the target of a copy
+  // queued on the loader's stream (a staged read's, a gather's); it was allocated on the
+  // consumer's stream, whose free would not wait for that copy (on CUDA the caching allocator
+  // would hand the block to the next allocation while the copy still writes into it).
+  try {
+    stage_->streams().record_on_loader(owned.data_ptr());
+  } catch (...) {
+    // The allocator cannot record a use (memory it does not own): wait on the host instead.
+    try {
+      loader::CopyFence::after(stage_->streams().loader()).wait("owned_free");
+    } catch (...) {
+      // A device in error: nothing queued on it will run.
+    }
+  }
 }
 
 void Loader::begin_pass() {
@@ -183,6 +209,10 @@ std::pair<std::string, at::Tensor> Loader::hand_out(size_t item) {
   // (F6) is skipped cleanly and the read-ahead budget stays right.
   auto owned = std::move(state.owned);
   if (owned) pass_.ahead_bytes -= t.nbytes;
+  // Dropped by a throw before it becomes the tensor: its copy may still be queued.
+  auto drop_after_copies = c10::make_scope_exit([&] {
+    if (owned) keep_until_copied(*owned);
+  });
   auto spec = factory_->spec(t);
   stats_.tensors_loaded += 1;
   const bool on_device =

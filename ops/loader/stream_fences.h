@@ -35,7 +35,8 @@ class CopyFence {
 // Test-only: INSTANTTENSOR_TESTING_DROP_FENCE=<site> (read at load) makes the fence of that site a
 // no-op, so the device tests can show they catch its absence (scripts/check_fences.sh). Sites:
 // staging_reuse, release, retained_reads, landed, load_into_start, load_into_done, materialize,
-// close. Unset: every fence holds.
+// close, owned_free (the loader's stream recorded on owned memory it drops). Unset: every fence
+// holds.
 bool fence_dropped(const char* site);
 
 // The loader's own stream on the target device (from the device's pool) and the consumer's

@@ -144,6 +144,12 @@ def reset_engine_stats() -> None:
     torch.ops.simdev.reset_engine_stats()
 
 
+def stale_accesses() -> int:
+    """Queued copies, since the library loaded, that found their device memory already freed
+    (a free ordered before work still queued on another stream); they moved nothing."""
+    return int(torch.ops.simdev.stale_accesses())
+
+
 def reset_peaks() -> None:
     torch.ops.simdev.reset_peaks()
 

@@ -23,7 +23,8 @@ DEVICE = {"device": "simdev"}
 
 
 def assert_memory_back(result):
-    assert result["memory_after"] == {"device": 0, "pinned": 0, "pending_collectives": 0}, result
+    assert result["memory_after"] == {"device": 0, "pinned": 0, "pending_collectives": 0,
+                                      "stale_accesses": 0}, result
 
 
 # chunk_size 4096 and a 32 KiB staging ring: many units per tensor, the ring wraps.

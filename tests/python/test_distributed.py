@@ -114,14 +114,16 @@ RANK_SCRIPT = textwrap.dedent("""
     result["warnings"] = [str(w.message) for w in caught if "instanttensor" in str(w.message)]
     if simdev is not None:
         # After the load, failed or not, and its tensors gone: every collective it issued has
-        # run (none left pending on the group) and its device and pinned memory is back.
+        # run (none left pending on the group), its device and pinned memory is back, and no
+        # queued copy found its device memory freed.
         device = rank % 2
         gc.collect()  # a failed load's traceback frames form cycles that hold its last tensor
         simdev.torch.ops.simdev.synchronize(device)
         backend = dist.group.WORLD._get_backend(torch.device("simdev"))
         result["memory_after"] = {"device": simdev.device_bytes(device),
                                   "pinned": simdev.pinned_bytes(),
-                                  "pending_collectives": simdev.pending_collectives(backend)}
+                                  "pending_collectives": simdev.pending_collectives(backend),
+                                  "stale_accesses": simdev.stale_accesses()}
     if "error" in result and spec.get("retry"):
         # The group is left clean: a new loader on it works.
         files = spec["retry_files"][rank]

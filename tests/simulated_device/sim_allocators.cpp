@@ -2,8 +2,10 @@
 
 #include <ATen/core/CachingHostAllocator.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -24,7 +26,26 @@ struct DeviceBlock {
   std::vector<c10::Stream> streams;
 };
 
+// The host ranges of live device blocks, so a queued operation can tell that its device
+// memory was freed before it ran (a free ordered on the wrong stream): it then counts a stale
+// access and leaves the bytes alone, where a real device would have written into memory the
+// allocator may already have handed to someone else.
+std::mutex live_mutex;
+std::map<uintptr_t, uint64_t> live_blocks;
+std::atomic<uint64_t> stale_access_count{0};
+
+void add_live(const DeviceBlock* block) {
+  std::lock_guard<std::mutex> lock(live_mutex);
+  live_blocks[reinterpret_cast<uintptr_t>(block->host)] = block->size;
+}
+
+void remove_live(const DeviceBlock* block) {
+  std::lock_guard<std::mutex> lock(live_mutex);
+  live_blocks.erase(reinterpret_cast<uintptr_t>(block->host));
+}
+
 void release(DeviceBlock* block) {
+  remove_live(block);
   if (move_bytes()) std::memset(block->host, 0xA5, block->size);
   std::free(block->host);
   add_device_bytes(block->device, -static_cast<int64_t>(block->size));
@@ -58,6 +79,7 @@ struct DeviceAllocator final : public c10::Allocator {
     if (move_bytes()) std::memset(block->host, 0x5A, block->size);
     block->device = device;
     block->streams.push_back(current_stream(device));
+    add_live(block);
     add_device_bytes(device, static_cast<int64_t>(block->size));
     return c10::DataPtr(real(block->host), block, &free_device_block,
                         c10::Device(c10::DeviceType::PrivateUse1, device));
@@ -112,6 +134,20 @@ void record_block_use(const c10::DataPtr& data, const c10::Stream& stream) {
 }
 
 c10::Allocator* device_allocator_instance() { return &device_allocator; }
+
+bool device_range_live(const void* host, size_t nbytes) {
+  auto begin = reinterpret_cast<uintptr_t>(host);
+  std::lock_guard<std::mutex> lock(live_mutex);
+  auto after = live_blocks.upper_bound(begin);
+  if (after != live_blocks.begin()) {
+    auto block = std::prev(after);
+    if (begin + nbytes <= block->first + block->second) return true;
+  }
+  stale_access_count.fetch_add(1);
+  return false;
+}
+
+uint64_t stale_accesses() { return stale_access_count.load(); }
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &device_allocator);
 REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &pinned_allocator)

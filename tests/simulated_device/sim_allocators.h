@@ -15,4 +15,11 @@ c10::Allocator* device_allocator_instance();
 // queued on it when the block is freed (as CUDA's caching allocator does).
 void record_block_use(const c10::DataPtr& data, const c10::Stream& stream);
 
+// Whether the host range behind `nbytes` of device memory at `host` (real() of a device address)
+// lies in one live device block; if not, counts a stale access (see stale_accesses). Queued
+// operations ask before they touch device memory, from any thread.
+bool device_range_live(const void* host, size_t nbytes);
+// Queued operations that found their device memory already freed, since the library loaded.
+uint64_t stale_accesses();
+
 }  // namespace simdev

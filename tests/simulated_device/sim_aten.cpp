@@ -83,7 +83,16 @@ void queued_copy(Stream& s, void* to, const void* from, size_t nbytes, bool asyn
                  c10::Storage keep, c10::DeviceIndex device = 0,
                  std::optional<Direction> engine = std::nullopt) {
   if (nbytes == 0) return;
-  uint64_t sequence = s.enqueue([to, from, nbytes, device, engine, keep = std::move(keep)] {
+  // The device sides: the destination but for a read-back, the source but for an upload or a
+  // fill (whose host bytes `keep` holds).
+  const bool to_device = engine != Direction::DeviceToHost;
+  const bool from_device =
+      engine ? *engine == Direction::DeviceToHost : !(keep && keep.device().is_cpu());
+  uint64_t sequence = s.enqueue([=, keep = std::move(keep)] {
+    if ((to_device && !device_range_live(to, nbytes)) ||
+        (from_device && !device_range_live(from, nbytes))) {
+      return;  // freed before the copy ran: counted, and no byte written into freed memory
+    }
     if (engine) {
       engine_copy(device, *engine, to, from, nbytes);
     } else if (moves(nbytes)) {

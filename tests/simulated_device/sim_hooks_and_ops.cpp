@@ -8,6 +8,7 @@
 #include <thread>
 #include <tuple>
 
+#include "sim_allocators.h"
 #include "sim_runtime.h"
 
 namespace simdev {
@@ -88,6 +89,7 @@ TORCH_LIBRARY(simdev, m) {
                            static_cast<int64_t>(c.pending_polls));
   });
   m.def("reset_peaks() -> ()", [] { reset_peaks(); });
+  m.def("stale_accesses() -> int", [] { return static_cast<int64_t>(stale_accesses()); });
   // (copies, busy seconds, first start, last end) of the host-to-device engine (h2d true) or
   // the device-to-host one, since reset_engine_stats (sim_runtime.h).
   m.def("engine_stats(int device, bool h2d) -> (int, float, float, float)",
