@@ -39,11 +39,11 @@ uint64_t layout_digest(const format::Checkpoint& checkpoint, const std::vector<s
 }
 
 ExchangeProtocol::ExchangeProtocol(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device where,
-                                   uint64_t digest, uint64_t host_identity, uint64_t& device_budget,
+                                   uint64_t digest, uint64_t host_identity, uint64_t device_budget,
                                    const std::string& file)
     : exchange_(std::move(group), where) {
   auto agreed = exchange_.handshake(digest, device_budget, host_identity, file);
-  device_budget = agreed.device_budget;
+  agreed_device_budget_ = agreed.device_budget;
   topology_ = host_topology(agreed.host_identities, exchange_.rank());
 }
 

@@ -41,11 +41,12 @@ class ExchangeProtocol {
  public:
   // `where`: the target (the CPU for host targets). Before any data moves, every rank checks
   // it loads the same thing the same way: Error(Argument) on every rank naming the ranks that
-  // differ; `device_budget` becomes the smallest rank's, and topology() says which ranks share
-  // this one's page cache (`host_identity`, host_identity.h).
+  // differ; agreed_device_budget() is the smallest rank's `device_budget`, and topology() says
+  // which ranks share this one's page cache (`host_identity`, host_identity.h).
   ExchangeProtocol(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device where, uint64_t digest,
-                   uint64_t host_identity, uint64_t& device_budget, const std::string& file);
+                   uint64_t host_identity, uint64_t device_budget, const std::string& file);
 
+  uint64_t agreed_device_budget() const { return agreed_device_budget_; }
   int rank() const { return exchange_.rank(); }
   int world() const { return exchange_.world(); }
   const HostTopology& topology() const { return topology_; }
@@ -77,6 +78,7 @@ class ExchangeProtocol {
  private:
   RankExchange exchange_;
   HostTopology topology_;
+  uint64_t agreed_device_budget_ = UINT64_MAX;
   std::optional<Error> deferred_;
 };
 

@@ -57,9 +57,7 @@ void wait_all(ReadScheduler& reads, const format::Checkpoint& checkpoint,
               const std::vector<std::pair<uint64_t, const Fill*>>& tags) {
   std::optional<Error> first;
   for (const auto& [tag, fill] : tags) {
-    while (!reads.done(tag)) reads.wait_one();
-    auto failure = reads.failure(tag);
-    reads.forget(tag);
+    auto failure = reads.wait_for(tag);
     if (failure && !first) {
       first = read_failure_error(*failure, checkpoint.path_of(*fill->source), fill->source->name());
     }
@@ -95,10 +93,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   auto land_oldest = [&] {
     const format::IndexedTensor& source = *sources.front();
     sources.pop_front();
-    const uint64_t tag = stream.oldest_tag();
-    while (!reads.done(tag)) reads.wait_one();
-    auto failure = reads.failure(tag);
-    reads.forget(tag);
+    auto failure = reads.wait_for(stream.oldest_tag());
     if (failure && !failed) {
       failed = read_failure_error(*failure, checkpoint.path_of(source), source.name());
     }
@@ -111,9 +106,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   // Reads still in flight write into the staging ring: wait for them before it is freed.
   auto drain = c10::make_scope_exit([&] {
     while (stream.waiting() > 0) {
-      const uint64_t tag = stream.oldest_tag();
-      while (!reads.done(tag)) reads.wait_one();
-      reads.forget(tag);
+      (void)reads.wait_for(stream.oldest_tag());
       stream.drop_oldest();
     }
   });

@@ -41,11 +41,13 @@ void Loader::leave_parent_work_behind() {
   // The parent's workers are gone: their backend is leaked, never joined, and its reads are
   // never waited for. The next read starts workers of this process.
   reads_->abandon_after_fork();
-  whole_groups_->reset();
-  shares_->reset();
+  for (auto& feed : feeds_) feed->reset();
   // A parent thread may have held the pool's lock at the fork; tensors handed out before it
   // keep the old pool (their deleters), new ones use a fresh one.
   recycled_ = std::make_shared<pool::RecycledBlocks>(plan_.memory.buffer_size / 2);
+  host_owned_->replace_pool(recycled_);
+  if (device_owned_) device_owned_->replace_pool(recycled_);
+  random_->replace_pool(recycled_);
   if (pass_.started && !pass_.error) {
     pass_.error.emplace(
         process_.refusal(plan_.first_path(), "an iteration that was in progress at the fork"));
@@ -137,7 +139,7 @@ LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
   plan_.checkpoint->check_unchanged();
   auto start = Clock::now();
   // The staging_size asked for at open sizes load_into's bounce ring too, staged or not.
-  uint64_t staging = loader::staging_ring_bytes(staging_request_, plan_.first_path());
+  uint64_t staging = loader::staging_ring_bytes(options_.staging_size, plan_.first_path());
   loader::fill_destinations(matched.fills, *plan_.checkpoint, *io_, *reads_, plan_.chunk_size,
                             staging, mode_.staged && options_.device.is_cpu(), stats_);
   stats_.wait_seconds += seconds_since(start);

@@ -77,13 +77,13 @@ class Loader {
   // chunk_size as asked, or the default, before any rounding.
   uint64_t requested_chunk() const;
   // The load mode; with a usable group, after the handshake (which says where the ranks run).
-  void choose_mode(const std::vector<size_t>& selected, const OpenOptions& options);
+  void choose_mode(const std::vector<size_t>& selected);
   // Distributed: agrees with the other ranks on the checkpoint, the layout and the device
   // budget, and learns their host identities (one collective).
-  void open_exchange(const std::vector<size_t>& selected, const OpenOptions& options);
+  void open_exchange(const std::vector<size_t>& selected);
   // Other ranks of this host read alone beside this one (stats say how many).
   bool shares_host() const;
-  void size_and_plan(std::vector<size_t> selected, const OpenOptions& options);
+  void size_and_plan(std::vector<size_t> selected);
   void compose_parts();
   void start_reads();
   // Throws when closed; in a forked child, leaves the parent's work behind first (once).
@@ -103,9 +103,11 @@ class Loader {
   void keep_until_copied(c10::StorageImpl& owned) noexcept;
   // Places and submits groups ahead of the consumer, as far as memory allows.
   void pump();
+  // Every feed submits the reads of the groups placed so far that it serves.
+  void submit_placed();
   loader::Placement& placement_for(loader::Destination where);
   bool place_group(size_t group, bool force);
-  // Lands what both feeds have finished; a read failure (of a group up to `waited`) fails the
+  // Lands what the feeds have finished; a read failure (of a group up to `waited`) fails the
   // pass.
   void land(size_t waited);
   // Waits until `units` units of `group` have landed (all of them for SIZE_MAX).
@@ -131,7 +133,6 @@ class Loader {
   loader::PassPlan plan_;
   loader::LoadMode mode_;
   uint64_t device_budget_ = UINT64_MAX;  // staged: device bytes the loader may use
-  uint64_t staging_request_ = 0;         // staging_size asked for at open (0: the default)
   std::unique_ptr<io::IoSetup> io_;
   Stats stats_;  // before reads_, which books into it until destroyed
   std::vector<std::string> warnings_;
@@ -151,9 +152,8 @@ class Loader {
   // The parts, composed for the mode at open.
   std::unique_ptr<loader::TensorFactory> factory_;
   std::unique_ptr<loader::RandomAccess> random_;
-  std::unique_ptr<loader::StagingStream> staging_;  // staged only
-  std::unique_ptr<loader::WholeGroupFeed> whole_groups_;
-  std::unique_ptr<loader::ShareFeed> shares_;
+  std::unique_ptr<loader::StagingStream> staging_;         // staged only
+  std::vector<std::unique_ptr<loader::GroupFeed>> feeds_;  // every placed group's reads
   std::unique_ptr<loader::OwnedPlacement> host_owned_;
   std::unique_ptr<loader::OwnedPlacement> device_owned_;
   std::unique_ptr<loader::RingPlacement> host_ring_placement_;

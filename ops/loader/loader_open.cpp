@@ -41,8 +41,8 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   plan_.checkpoint = std::make_unique<format::Checkpoint>(std::move(files));
   std::vector<size_t> selected = selected_indices();
   open_io();
-  choose_mode(selected, options);
-  size_and_plan(std::move(selected), options);
+  choose_mode(selected);
+  size_and_plan(std::move(selected));
   start_reads();
   compose_parts();
   stats_.backend = io_->description();
@@ -82,15 +82,15 @@ std::vector<size_t> Loader::selected_indices() const {
   return selected;
 }
 
-void Loader::choose_mode(const std::vector<size_t>& selected, const OpenOptions& options) {
+void Loader::choose_mode(const std::vector<size_t>& selected) {
   loader::LoadModeInputs in;
   in.accelerator_target = !options_.device.is_cpu();
-  in.force_staging = options.force_staging;
-  in.host_fallback = options.host_fallback;
+  in.force_staging = options_.force_staging;
+  in.host_fallback = options_.host_fallback;
   in.copy = options_.copy;
   in.mapping_backend = io_->mapping() != nullptr;
   in.exchange_policy = options_.exchange;
-  const auto& group = options.process_group;
+  const auto& group = options_.process_group;
   in.distributed = group && group->getSize() > 1;
   if (in.distributed) {
     for (const auto& device : group->getDeviceTypes()) {
@@ -98,18 +98,19 @@ void Loader::choose_mode(const std::vector<size_t>& selected, const OpenOptions&
     }
   }
   mode_ = loader::choose_load_mode(in);
-  if (mode_.staged && options.device_budget) device_budget_ = *options.device_budget;
+  if (mode_.staged) device_budget_ = options_.device_budget;
   if (mode_.exchange_fell_back) {
     warnings_.push_back(c10::str("instanttensor: the process group has no backend for ",
                                  options_.device.type(),
                                  " tensors (its backends: ", loader::describe_backends(*group),
                                  "); every rank reads the whole checkpoint itself"));
-    if (options.print_warnings) {
+    if (options_.print_warnings) {
       TORCH_WARN_ONCE(warnings_.back());
     }
   }
   if (!mode_.in_step) return;
-  open_exchange(selected, options);
+  open_exchange(selected);
+  device_budget_ = exchange_->agreed_device_budget();
   // The handshake told where every rank runs: the mode's final choice.
   in.hosts = exchange_->topology().hosts;
   mode_ = loader::choose_load_mode(in);
@@ -124,12 +125,12 @@ void Loader::choose_mode(const std::vector<size_t>& selected, const OpenOptions&
   }
 }
 
-void Loader::open_exchange(const std::vector<size_t>& selected, const OpenOptions& options) {
+void Loader::open_exchange(const std::vector<size_t>& selected) {
   loader::LayoutOptions layout;
   layout.copy = options_.copy;
   layout.buffer_size = options_.buffer_size;
   layout.chunk_size = options_.chunk_size;  // as asked: the rounding differs by alignment
-  layout.staging_size = options.staging_size.value_or(0);
+  layout.staging_size = options_.staging_size;
   layout.host_fallback = mode_.host_fallback;
   layout.staged = mode_.staged;
   layout.device_type = static_cast<int>(options_.device.type());
@@ -137,12 +138,12 @@ void Loader::open_exchange(const std::vector<size_t>& selected, const OpenOption
   std::vector<int> fds;
   for (const auto& file : plan_.checkpoint->files()) fds.push_back(file.fd);
   exchange_ = std::make_unique<loader::ExchangeProtocol>(
-      options.process_group, options_.device,
+      options_.process_group, options_.device,
       loader::layout_digest(*plan_.checkpoint, selected, layout), loader::host_identity(fds),
       device_budget_, plan_.first_path());
 }
 
-void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& options) {
+void Loader::size_and_plan(std::vector<size_t> selected) {
   const auto& tensors = plan_.checkpoint->tensors();
   loader::MemoryInputs in;
   for (size_t index : selected) in.tensor_bytes.push_back(tensors[index].nbytes);
@@ -151,8 +152,7 @@ void Loader::size_and_plan(std::vector<size_t> selected, const OpenOptions& opti
   in.host_fallback = mode_.host_fallback;
   in.world = mode_.exchanging() ? exchange_->world() : 1;
   in.buffer_size = options_.buffer_size;
-  in.staging_size = options.staging_size ? static_cast<uint64_t>(*options.staging_size) : 0;
-  staging_request_ = in.staging_size;
+  in.staging_size = options_.staging_size;
   in.chunk_size = plan_.chunk_size;
   // Ranks in step widen alike, whatever each one's alignment (O_DIRECT or not, by its page
   // cache): the exchange's units must match, and a buffer too small must be refused on every
@@ -212,9 +212,10 @@ void Loader::compose_parts() {
         std::make_unique<loader::RingPlacement>(plan_, stage_->device_ring(), padding, stats_);
   }
   host_owned_ = std::make_unique<loader::OwnedPlacement>(plan_, recycled_, nullptr, bound, stats_);
-  whole_groups_ = std::make_unique<loader::WholeGroupFeed>(plan_, mode_, *reads_);
-  shares_ = std::make_unique<loader::ShareFeed>(plan_, mode_, *reads_, staging_.get(),
-                                                mode_.exchanging() ? exchange_->rank() : 0, stats_);
+  // Each feed serves the groups its kind of read suits (mode.uses_shares), and skips the others.
+  feeds_.push_back(std::make_unique<loader::WholeGroupFeed>(plan_, mode_, *reads_));
+  feeds_.push_back(std::make_unique<loader::ShareFeed>(
+      plan_, mode_, *reads_, staging_.get(), mode_.exchanging() ? exchange_->rank() : 0, stats_));
   if (mode_.in_step && !mode_.exchanging()) {
     std::vector<uint64_t> item_bytes;
     for (size_t index : plan_.reads.items) {

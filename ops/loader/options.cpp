@@ -191,14 +191,24 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
   } else {
     resolved.backends = {"auto"};
   }
-  // Not environment variables; the cast to unsigned sizes happens at open, so a negative
-  // value must stop here (the Loader class passes them through unchecked).
-  if (options.staging_size && *options.staging_size <= 0) {
-    bad("staging_size", std::to_string(*options.staging_size), "a positive number of bytes");
+  // Not environment variables. Checked here, before any cast to an unsigned size, so a
+  // negative value is the same ValueError through every API.
+  if (options.staging_size) {
+    if (*options.staging_size <= 0) {
+      bad("staging_size", std::to_string(*options.staging_size), "a positive number of bytes");
+    }
+    resolved.staging_size = static_cast<uint64_t>(*options.staging_size);
   }
-  if (options.device_budget && *options.device_budget < 0) {
-    bad("device_budget", std::to_string(*options.device_budget), "0 or more bytes");
+  if (options.device_budget) {
+    if (*options.device_budget < 0) {
+      bad("device_budget", std::to_string(*options.device_budget), "0 or more bytes");
+    }
+    resolved.device_budget = static_cast<uint64_t>(*options.device_budget);
   }
+  resolved.process_group = options.process_group;
+  resolved.host_fallback = options.host_fallback;
+  resolved.force_staging = options.force_staging;
+  resolved.print_warnings = options.print_warnings;
   if (options.exchange) {
     resolved.exchange = parse_exchange(*options.exchange, "exchange");
   } else if (auto text = env("INSTANTTENSOR_EXCHANGE")) {

@@ -11,7 +11,8 @@
 
 namespace instanttensor::loader {
 
-// Options after environment lookup; sizes the checkpoint decides stay unset (0).
+// Every option of an open after validation and environment lookup: the loader's only source of
+// options. Sizes the checkpoint decides stay unset (0).
 struct ResolvedOptions {
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   bool copy = true;
@@ -20,14 +21,21 @@ struct ResolvedOptions {
   uint64_t chunk_size = 0;
   int concurrency = 0;
   int io_depth = 0;
-  std::vector<std::string> backends;  // lower-case preference chain
+  std::vector<std::string> backends;                     // lower-case preference chain
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group;  // null: none
   ExchangePolicy exchange = ExchangePolicy::Auto;
+  uint64_t staging_size = 0;            // 0: the default (staging_ring_bytes)
+  uint64_t device_budget = UINT64_MAX;  // staged targets only; unlimited when not given
+  bool host_fallback = false;
+  bool force_staging = false;
+  bool print_warnings = true;
   bool debug = false;
 };
 
 // Explicit fields win over INSTANTTENSOR_BUFFER_SIZE, _CHUNK_SIZE, _CONCURRENCY, _IO_DEPTH,
 // _BACKEND, _EXCHANGE and _DEBUG. A bad value (explicit or from the environment) is Error(Argument)
-// naming the option or variable and the accepted values. Any thread.
+// naming the option or variable and the accepted values, whichever API opened (C++ OpenOptions,
+// the Loader class, Python). Any thread.
 ResolvedOptions resolve_options(const OpenOptions& options);
 
 // The share of an accelerator's free memory the loader may use: `given` (max_free_mem_usage),

@@ -29,16 +29,20 @@ class Placement {
 // bytes are allocated ahead of the consumer, unless forced.
 class OwnedPlacement : public Placement {
  public:
-  // `stage` (device memory only) and `recycled` (the loader's pool pointer, replaced in a forked
-  // child) outlive this object.
-  OwnedPlacement(const PassPlan& plan, const std::shared_ptr<pool::RecycledBlocks>& recycled,
+  // `plan`, `stage` (device memory only) and `stats` outlive this object; host memory comes
+  // from `recycled`.
+  OwnedPlacement(const PassPlan& plan, std::shared_ptr<pool::RecycledBlocks> recycled,
                  const DeviceStage* stage, uint64_t bound, Stats& stats)
-      : plan_(plan), recycled_(recycled), stage_(stage), bound_(bound), stats_(stats) {}
+      : plan_(plan), recycled_(std::move(recycled)), stage_(stage), bound_(bound), stats_(stats) {}
   bool place(size_t g, PassState& pass, bool force) override;
+  // A forked child's fresh pool (a parent thread may have held the old one's lock at the fork).
+  void replace_pool(std::shared_ptr<pool::RecycledBlocks> recycled) {
+    recycled_ = std::move(recycled);
+  }
 
  private:
   const PassPlan& plan_;
-  const std::shared_ptr<pool::RecycledBlocks>& recycled_;
+  std::shared_ptr<pool::RecycledBlocks> recycled_;
   const DeviceStage* stage_;  // null: host memory
   uint64_t bound_;
   Stats& stats_;

@@ -45,10 +45,8 @@ c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTen
   reads_.submit(t.file_index, range, dest, read_tags::kRandomAccess);
   // Reads of the pass may complete in between; they stay booked for the pass.
   auto start = Clock::now();
-  while (!reads_.done(read_tags::kRandomAccess)) reads_.wait_one();
+  auto failure = reads_.wait_for(read_tags::kRandomAccess);
   stats_.wait_seconds += seconds_since(start);
-  auto failure = reads_.failure(read_tags::kRandomAccess);
-  reads_.forget(read_tags::kRandomAccess);
   if (failure) throw read_failure_error(*failure, plan_.file_of(t), t.name());
   plan_.checkpoint->check_unchanged(t.file_index, t.name());  // written in place meanwhile?
   return storage;

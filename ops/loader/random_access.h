@@ -17,13 +17,11 @@ namespace instanttensor::loader {
 
 class RandomAccess {
  public:
-  // Everything referenced outlives this object; `recycled` is the loader's pool pointer (it is
-  // replaced in a forked child, so it is read at each call). Consumer thread, under the loader's
-  // lock.
+  // Everything referenced outlives this object; host memory comes from `recycled`. Consumer
+  // thread, under the loader's lock.
   RandomAccess(const PassPlan& plan, const LoadMode& mode, c10::Device target,
-               const uint64_t& device_budget, io::IoSetup& io, ReadScheduler& reads,
-               TensorFactory& factory, const std::shared_ptr<pool::RecycledBlocks>& recycled,
-               Stats& stats)
+               uint64_t device_budget, io::IoSetup& io, ReadScheduler& reads,
+               TensorFactory& factory, std::shared_ptr<pool::RecycledBlocks> recycled, Stats& stats)
       : plan_(plan),
         mode_(mode),
         target_(target),
@@ -31,9 +29,13 @@ class RandomAccess {
         io_(io),
         reads_(reads),
         factory_(factory),
-        recycled_(recycled),
+        recycled_(std::move(recycled)),
         stats_(stats) {}
 
+  // A forked child's fresh pool (see OwnedPlacement::replace_pool).
+  void replace_pool(std::shared_ptr<pool::RecycledBlocks> recycled) {
+    recycled_ = std::move(recycled);
+  }
   // The whole tensor `t`, on the target device (a host-fallback tensor over the budget: on the
   // host). Throws Error naming the file and the tensor on a read failure or a file changed since
   // open.
@@ -52,11 +54,11 @@ class RandomAccess {
   const PassPlan& plan_;
   const LoadMode& mode_;
   c10::Device target_;
-  const uint64_t& device_budget_;
+  const uint64_t device_budget_;  // the budget in force (agreed by the group)
   io::IoSetup& io_;
   ReadScheduler& reads_;
   TensorFactory& factory_;
-  const std::shared_ptr<pool::RecycledBlocks>& recycled_;
+  std::shared_ptr<pool::RecycledBlocks> recycled_;
   Stats& stats_;
 };
 

@@ -76,6 +76,13 @@ void ReadScheduler::forget(uint64_t tag) {
   failed_.erase(tag);
 }
 
+std::optional<ReadFailure> ReadScheduler::wait_for(uint64_t tag) {
+  while (!done(tag)) wait_one();
+  auto failed = failure(tag);
+  forget(tag);
+  return failed;
+}
+
 void ReadScheduler::drain() noexcept {
   while (backend_ && backend_->in_flight() > 0) {
     io::ReadCompletion completion = backend_->wait_completion();

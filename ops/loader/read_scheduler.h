@@ -54,6 +54,9 @@ class ReadScheduler {
   std::optional<uint64_t> first_failed_tag() const;
   // Drops the bookkeeping of a done tag.
   void forget(uint64_t tag);
+  // Blocks until every piece of `tag` has completed (booking the other tags' completions on the
+  // way), forgets the tag and returns its first failure, if any.
+  std::optional<ReadFailure> wait_for(uint64_t tag);
   // Waits for every read in flight (their memory may then be reused) and forgets every tag.
   void drain() noexcept;
   size_t in_flight() const { return backend_ ? backend_->in_flight() : 0; }
