@@ -81,7 +81,7 @@ def _evict(files: list[str]) -> None:
     assert left < 0.01, f"the page cache kept {left:.0%} of a file after eviction"
 
 
-STAGING_BYTES = 64 << 20  # the loader's default staging ring (ops/loader/memory_plan.h)
+STAGING_BYTES = 64 << 20  # the loader's default staging ring (ops/plan/memory_plan.h)
 
 
 def _pinned_ring():

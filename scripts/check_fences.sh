@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Proof that the device tests can fail: runs tests/python/test_accelerator.py on the simulated
 # device with random delays once per fence of the device path, that fence dropped
-# (INSTANTTENSOR_TESTING_DROP_FENCE, ops/loader/stream_fences.h), and fails unless every such
+# (INSTANTTENSOR_TESTING_DROP_FENCE, ops/loader/transfer/stream_fences.h), and fails unless every such
 # run goes red (a failed test, a copy into freed device memory counted by the simulated device,
 # or a crash: a copy reading freed memory). Prints what caught each.
 set -uo pipefail

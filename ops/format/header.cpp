@@ -1,13 +1,11 @@
 #include "format/header.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <tuple>
 
+#include "format/header_layout.h"
+#include "format/utf8.h"
 #include "instanttensor/error.h"
 
 namespace instanttensor::format {
@@ -19,38 +17,6 @@ using nlohmann::json;
 [[noreturn]] void fail(const std::string& file, const std::string& tensor, const std::string& rule,
                        const std::string& detail) {
   throw Error(ErrorKind::Format, file, tensor, rule + ": " + detail);
-}
-
-// Strict UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF), as Rust's from_utf8.
-bool is_valid_utf8(const unsigned char* s, uint64_t n) {
-  uint64_t i = 0;
-  while (i < n) {
-    unsigned char c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int extra;
-    uint32_t min_cp;
-    uint32_t cp;
-    if ((c & 0xE0) == 0xC0) {
-      extra = 1, min_cp = 0x80, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2, min_cp = 0x800, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3, min_cp = 0x10000, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (n - i <= static_cast<uint64_t>(extra)) return false;
-    for (int k = 1; k <= extra; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += extra + 1;
-  }
-  return true;
 }
 
 // Builds the entries straight from the parser's events: no DOM, so time is linear in the header
@@ -304,86 +270,8 @@ FileHeader parse_header_json(const std::string& file_name, const char* text, uin
   header.header_length = length;
   HeaderSax sax(file_name, header);
   json::sax_parse(text, text + length, &sax, json::input_format_t::json, /*strict=*/true);
-  // Duplicate names: the reference keeps the last definition silently; a second definition is
-  // how a file can smuggle different bytes past another reader, so it is an error here.
-  std::vector<const TensorEntry*> by_name;
-  by_name.reserve(header.tensors.size());
-  for (const auto& entry : header.tensors) by_name.push_back(&entry);
-  std::sort(by_name.begin(), by_name.end(),
-            [](const TensorEntry* a, const TensorEntry* b) { return a->name < b->name; });
-  for (size_t i = 1; i < by_name.size(); ++i) {
-    if (by_name[i]->name == by_name[i - 1]->name) {
-      fail(file_name, by_name[i]->name, "DuplicateTensorName",
-           "the name is defined twice in the header");
-    }
-  }
-
-  // Storage order; empty tensors sharing an offset in name order, whatever the document order.
-  std::sort(header.tensors.begin(), header.tensors.end(),
-            [](const TensorEntry& a, const TensorEntry& b) {
-              return std::tie(a.data_begin, a.data_end, a.name) <
-                     std::tie(b.data_begin, b.data_end, b.name);
-            });
-  uint64_t start = 0;
-  for (const auto& entry : header.tensors) {
-    if (entry.data_begin != start || entry.data_end < entry.data_begin) {
-      fail(file_name, entry.name, "InvalidOffset",
-           "data_offsets [" + std::to_string(entry.data_begin) + ", " +
-               std::to_string(entry.data_end) + "] do not continue at " + std::to_string(start) +
-               " (gap, overlap or reversed range)");
-    }
-    start = entry.data_end;
-    uint64_t elements = 1;
-    for (uint64_t dim : entry.shape) {
-      if (dim != 0 && elements > UINT64_MAX / dim) {
-        fail(file_name, entry.name, "ValidationOverflow", "shape element count overflows");
-      }
-      elements *= dim;
-    }
-    uint64_t bits_per = dtype_bits(entry.dtype);
-    if (elements > UINT64_MAX / bits_per) {
-      fail(file_name, entry.name, "ValidationOverflow", "shape bit count overflows");
-    }
-    uint64_t bits = elements * bits_per;
-    if (bits % 8 != 0) {
-      fail(file_name, entry.name, "MisalignedSlice",
-           std::to_string(elements) + " elements of " + dtype_name(entry.dtype) +
-               " do not fill whole bytes");
-    }
-    if (entry.nbytes() != bits / 8) {
-      fail(file_name, entry.name, "TensorInvalidInfo",
-           "data_offsets span " + std::to_string(entry.nbytes()) + " bytes but shape x dtype is " +
-               std::to_string(bits / 8) + " bytes");
-    }
-  }
-  if (start + 8 + length != file_size) {
-    fail(file_name, "", "MetadataIncompleteBuffer",
-         "tensors cover " + std::to_string(start) + " data bytes, but the file holds " +
-             std::to_string(file_size - 8 - length) + " (truncated file or trailing bytes)");
-  }
+  check_layout(file_name, header, file_size);
   return header;
-}
-
-FileHeader read_file_header(int fd, const std::string& file_name, uint64_t file_size) {
-  auto read_exact = [&](void* dest, uint64_t count, uint64_t offset) {
-    uint64_t done = 0;
-    while (done < count) {
-      ssize_t got = ::pread(fd, static_cast<char*>(dest) + done, count - done, offset + done);
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) throw system_error(errno, file_name, "reading the header failed");
-      if (got == 0) {
-        throw Error(ErrorKind::Io, file_name, "", "file shrank while its header was read");
-      }
-      done += static_cast<uint64_t>(got);
-    }
-  };
-  uint8_t prefix[8] = {};
-  uint64_t prefix_size = std::min<uint64_t>(8, file_size);
-  read_exact(prefix, prefix_size, 0);
-  uint64_t length = parse_length_prefix(file_name, prefix, prefix_size, file_size);
-  std::string text(length, '\0');
-  read_exact(text.data(), length, 8);
-  return parse_header_json(file_name, text.data(), length, file_size);
 }
 
 }  // namespace instanttensor::format

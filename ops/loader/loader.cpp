@@ -7,9 +7,10 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "loader/load_into.h"
-#include "loader/memory_plan.h"
-#include "loader/timing.h"
+#include "loader/access/load_into.h"
+#include "loader/loader_parts.h"
+#include "loader/reads/timing.h"
+#include "plan/memory_plan.h"
 
 namespace instanttensor {
 

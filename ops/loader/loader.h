@@ -8,23 +8,33 @@
 #include <vector>
 
 #include "instanttensor/instanttensor.h"
-#include "io/io_setup.h"
-#include "loader/borrow_ring.h"
-#include "loader/device_stage.h"
-#include "loader/exchange_protocol.h"
 #include "loader/fork_safety.h"
-#include "loader/group_feed.h"
-#include "loader/load_mode.h"
 #include "loader/options.h"
-#include "loader/pass_state.h"
-#include "loader/placement.h"
-#include "loader/random_access.h"
-#include "loader/read_scheduler.h"
-#include "loader/share_feed.h"
-#include "loader/staging_stream.h"
-#include "loader/step_rounds.h"
-#include "loader/tensor_factory.h"
-#include "pool/recycled_blocks.h"
+#include "loader/pass/pass_state.h"
+#include "plan/load_mode.h"
+
+// The parts the loader holds by pointer: declared here, defined in their own headers.
+namespace instanttensor::io {
+class IoSetup;
+}
+namespace instanttensor::pool {
+class RecycledBlocks;
+}
+namespace instanttensor::loader {
+class BorrowRing;
+class DeviceStage;
+class ExchangeProtocol;
+class GroupFeed;
+class LoaderStreams;
+class OwnedPlacement;
+class Placement;
+class RandomAccess;
+class ReadScheduler;
+class RingPlacement;
+class StagingStream;
+class StepRounds;
+class TensorFactory;
+}  // namespace instanttensor::loader
 
 namespace instanttensor {
 
@@ -115,7 +125,12 @@ class Loader {
   // Places and submits the group of `item`; waits for it to land unless `wait` is false.
   void make_ready(size_t item, bool wait);
   std::optional<std::pair<std::string, at::Tensor>> next_local();
+  // Ranks in step (loader_in_step.cpp).
   std::optional<std::pair<std::string, at::Tensor>> next_exchanged();
+  // Group `g` through its status rounds (carrying `failure`, or a deferred one) and gathers.
+  void exchange_group(size_t g, std::optional<Error> failure);
+  // The Error of a failed read of the first `units` units of `g` (SIZE_MAX: all), once landed.
+  std::optional<Error> landing_failure(size_t g, size_t units);
   // A group that does not exchange: read alone, status rounds at StepRounds' items.
   std::optional<std::pair<std::string, at::Tensor>> next_in_step();
   void check_pass_reads();

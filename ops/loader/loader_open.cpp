@@ -7,10 +7,11 @@
 #include <cstdlib>
 #include <thread>
 
-#include "loader/host_identity.h"
+#include "loader/exchange/host_identity.h"
 #include "loader/loader.h"
-#include "loader/memory_plan.h"
-#include "loader/timing.h"
+#include "loader/loader_parts.h"
+#include "loader/reads/timing.h"
+#include "plan/memory_plan.h"
 
 namespace instanttensor {
 

@@ -1,12 +1,14 @@
 // The pass over the read plan: placing and submitting groups ahead of the consumer, landing
-// them, exchanging them with the other ranks, and handing their tensors out in storage order.
+// them and handing their tensors out in storage order (the steps of ranks in step:
+// loader_in_step.cpp).
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ScopeExit.h>
 
 #include "loader/loader.h"
-#include "loader/read_tags.h"
-#include "loader/storage_views.h"
-#include "loader/timing.h"
+#include "loader/loader_parts.h"
+#include "loader/reads/read_tags.h"
+#include "loader/reads/timing.h"
+#include "loader/transfer/storage_views.h"
 
 namespace instanttensor {
 
@@ -277,97 +279,6 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_local() {
   make_ready(item, /*wait=*/true);
   pump();
   return hand_out(item);
-}
-
-std::optional<std::pair<std::string, at::Tensor>> Loader::next_exchanged() {
-  // Every rank walks the same items and the same status rounds, so a failure here (a changed
-  // file, a read error, no memory) travels with the next round and raises on every rank
-  // together.
-  if (pass_.error) throw *pass_.error;
-  if (pass_.started && pass_.next_item >= plan_.reads.items.size()) return std::nullopt;
-  size_t item = pass_.started ? pass_.next_item : 0;
-  if (item >= plan_.reads.items.size()) {
-    begin_pass();
-    return std::nullopt;
-  }
-  std::optional<Error> failure;
-  try {
-    if (!pass_.started) begin_pass();
-    if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
-    make_ready(item, /*wait=*/false);
-  } catch (const Error& e) {
-    failure = e;
-  } catch (const std::exception& e) {  // it travels with the round too
-    failure = failure_of(e, item);
-  }
-  size_t g = plan_.reads.group_of[item];
-  if (pass_.groups.empty()) {
-    if (failure) throw *failure;
-  } else if (pass_.groups[g].units_exchanged == 0) {
-    try {
-      loader::GroupState& state = pass_.groups[g];
-      // From the plan, not from state.where: a rank that failed before placing the group must
-      // still make the same collectives as the others.
-      const bool shares =
-          mode_.uses_shares(mode_.destination_of(plan_.first_tensor(g).nbytes, device_budget_));
-      exchange_->exchange_group(
-          g, plan_, state, shares, failure, [&](size_t units) { wait_until_landed(g, units); },
-          stage_ ? &stage_->streams().loader() : nullptr, stats_);
-    } catch (const Error& e) {
-      drain_in_flight();
-      pass_.error.emplace(e);
-      throw;
-    }
-  } else if (failure) {
-    exchange_->defer(*failure);  // this group is already here; the next round carries it
-  }
-  try {
-    pump();
-  } catch (const Error& e) {
-    exchange_->defer(e);
-  }
-  return hand_out(item);
-}
-
-std::optional<std::pair<std::string, at::Tensor>> Loader::next_in_step() {
-  // Each rank reads alone; the ranks meet only at StepRounds' items, so a failure here (a
-  // changed file, a read error, no memory) makes this rank's next round at once, where every
-  // rank raises together.
-  if (pass_.error) throw *pass_.error;
-  std::optional<Error> failure;
-  try {
-    if (!pass_.started) begin_pass();
-  } catch (const Error& e) {
-    failure = e;
-  }
-  if (!failure && pass_.rounds_done >= step_rounds_->count()) return std::nullopt;
-  const size_t item = pass_.next_item;
-  const size_t items = plan_.reads.items.size();
-  if (!failure && item < items && !mode_.mapped_iteration) {
-    try {
-      if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
-      make_ready(item, /*wait=*/true);
-      pump();
-    } catch (const Error& e) {
-      failure = e;
-    } catch (const std::exception& e) {  // else the other ranks would wait in their round
-      failure = failure_of(e, item);
-    }
-  }
-  if (failure || step_rounds_->item_of(pass_.rounds_done) == item) {
-    const std::string& file =
-        item < items ? plan_.file_of(plan_.tensor_of_item(item)) : plan_.first_path();
-    try {
-      exchange_->check_in_step(failure, file, stats_);
-    } catch (const Error& e) {
-      drain_in_flight();
-      pass_.error.emplace(e);
-      throw;
-    }
-    pass_.rounds_done += 1;
-  }
-  if (item >= items) return std::nullopt;
-  return mode_.mapped_iteration ? hand_out_mapped(item) : hand_out(item);
 }
 
 }  // namespace instanttensor

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "instanttensor/instanttensor.h"
-#include "loader/load_mode.h"
+#include "plan/load_mode.h"
 
 namespace instanttensor::loader {
 

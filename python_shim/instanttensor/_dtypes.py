@@ -1,6 +1,6 @@
 """Names of element types: torch attribute names <-> safetensors header names.
 
-The table itself is the library's (ops/loader/torch_dtype.cpp), asked for once through
+The table itself is the library's (ops/format/torch_dtype.cpp), asked for once through
 torch.ops.instanttensor.dtype_table, so the Python package never disagrees with the engine.
 """
 

@@ -6,8 +6,8 @@
 
 #include <cstring>
 
-#include "loader/borrow_ring.h"
-#include "loader/storage_views.h"
+#include "loader/transfer/borrow_ring.h"
+#include "loader/transfer/storage_views.h"
 
 namespace instanttensor::loader {
 namespace {

@@ -1,7 +1,7 @@
 // The exchange's pure parts: how a unit reaches every rank.
 #include <gtest/gtest.h>
 
-#include "loader/rank_exchange.h"
+#include "loader/exchange/rank_exchange.h"
 
 namespace instanttensor::loader {
 namespace {

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-#include "loader/host_identity.h"
+#include "loader/exchange/host_identity.h"
 
 namespace instanttensor::loader {
 namespace {

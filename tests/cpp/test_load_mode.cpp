@@ -2,7 +2,7 @@
 // as a table, against what each part of the loader must then do.
 #include <gtest/gtest.h>
 
-#include "loader/load_mode.h"
+#include "plan/load_mode.h"
 
 namespace instanttensor::loader {
 namespace {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "instanttensor/error.h"
-#include "loader/memory_plan.h"
+#include "plan/memory_plan.h"
 
 namespace instanttensor::loader {
 namespace {

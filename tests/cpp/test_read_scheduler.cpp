@@ -11,8 +11,8 @@
 #include "helper_files.h"
 #include "io/fault_injection.h"
 #include "io/io_setup.h"
-#include "loader/read_scheduler.h"
-#include "loader/read_tags.h"
+#include "loader/reads/read_scheduler.h"
+#include "loader/reads/read_tags.h"
 
 namespace instanttensor::loader {
 namespace {

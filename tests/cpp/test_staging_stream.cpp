@@ -12,10 +12,10 @@
 
 #include "helper_files.h"
 #include "io/io_setup.h"
-#include "loader/device_stage.h"
-#include "loader/read_scheduler.h"
-#include "loader/read_tags.h"
-#include "loader/staging_stream.h"
+#include "loader/reads/read_scheduler.h"
+#include "loader/reads/read_tags.h"
+#include "loader/transfer/device_stage.h"
+#include "loader/transfer/staging_stream.h"
 
 namespace instanttensor::loader {
 namespace {

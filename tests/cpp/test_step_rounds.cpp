@@ -2,7 +2,7 @@
 // and the end; decided by the item sizes alone.
 #include <gtest/gtest.h>
 
-#include "loader/step_rounds.h"
+#include "loader/exchange/step_rounds.h"
 
 namespace instanttensor::loader {
 namespace {

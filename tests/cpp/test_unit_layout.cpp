@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "loader/unit_layout.h"
+#include "plan/unit_layout.h"
 
 namespace instanttensor::loader {
 namespace {

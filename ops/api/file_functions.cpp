@@ -1,0 +1,88 @@
+// load_file and save_file, compatible with safetensors.torch.
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "format/checkpoint.h"
+#include "format/torch_dtype.h"
+#include "format/writer.h"
+#include "instanttensor/instanttensor.h"
+
+namespace instanttensor {
+
+std::vector<std::string> tensor_names(std::vector<std::string> files) {
+  format::Checkpoint checkpoint(std::move(files));
+  std::vector<std::string> names;
+  names.reserve(checkpoint.tensors().size());
+  for (const auto& tensor : checkpoint.tensors()) names.push_back(tensor.name());
+  return names;
+}
+
+std::map<std::string, at::Tensor> load_file(const std::string& file, c10::Device device) {
+  OpenOptions options;
+  options.device = device;
+  SafeOpen opened(file, options);
+  std::map<std::string, at::Tensor> tensors;
+  for (auto& [name, tensor] : opened) tensors.emplace(name, tensor);
+  return tensors;
+}
+
+std::vector<std::pair<std::string, std::string>> tensors_sharing_memory(
+    const std::map<std::string, at::Tensor>& tensors) {
+  // (device, storage, byte range) of every tensor with bytes.
+  std::vector<std::tuple<std::string, const void*, uint64_t, uint64_t, std::string>> spans;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined() || tensor.is_meta() || tensor.numel() == 0) continue;
+    uint64_t begin = tensor.storage_offset() * tensor.element_size();
+    spans.emplace_back(tensor.device().str(), tensor.storage().data(), begin,
+                       begin + tensor.nbytes(), name);
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<std::pair<std::string, std::string>> shared;
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const auto& a = spans[i - 1];
+    const auto& b = spans[i];
+    if (std::get<0>(a) == std::get<0>(b) && std::get<1>(a) == std::get<1>(b) &&
+        std::get<2>(b) < std::get<3>(a)) {
+      shared.emplace_back(std::get<4>(a), std::get<4>(b));
+    }
+  }
+  return shared;
+}
+
+void save_file(const std::map<std::string, at::Tensor>& tensors, const std::string& file,
+               const std::optional<std::map<std::string, std::string>>& metadata) {
+  std::vector<at::Tensor> host;  // keeps host copies alive while writing
+  std::vector<format::WriterTensor> entries;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined()) throw Error(ErrorKind::Argument, file, name, "undefined tensor");
+    if (!tensor.is_contiguous()) {
+      throw Error(ErrorKind::Argument, file, name,
+                  "tensor is not contiguous; call .contiguous() before saving");
+    }
+    at::Tensor on_host = tensor.device().is_cpu() ? tensor : tensor.cpu();
+    host.push_back(on_host);
+    format::WriterTensor entry;
+    entry.name = name;
+    entry.dtype = loader::from_torch_dtype(tensor.scalar_type(), file, name);
+    for (int64_t dim : tensor.sizes()) entry.shape.push_back(static_cast<uint64_t>(dim));
+    if (entry.dtype == format::Dtype::F4) {
+      if (entry.shape.empty()) {
+        throw Error(ErrorKind::Argument, file, name, "0-d float4_e2m1fn_x2 cannot be stored");
+      }
+      entry.shape.back() *= 2;  // two F4 values per byte
+    }
+    entry.data = on_host.numel() > 0 ? on_host.data_ptr() : nullptr;
+    entry.nbytes = on_host.nbytes();
+    entries.push_back(std::move(entry));
+  }
+  auto shared = tensors_sharing_memory(tensors);
+  if (!shared.empty()) {
+    throw Error(
+        ErrorKind::Argument, file, shared[0].second,
+        "shares memory with tensor '" + shared[0].first + "'; clone one of them before saving");
+  }
+  format::write_safetensors(file, entries, metadata ? &*metadata : nullptr);
+}
+
+}  // namespace instanttensor

@@ -1,0 +1,54 @@
+#include "loader/exchange/host_identity.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace instanttensor::loader {
+
+namespace {
+
+uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
+  for (size_t i = 0; i < size; ++i) {
+    hash = (hash ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+  }
+  return hash;
+}
+
+constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+
+}  // namespace
+
+uint64_t host_identity(const std::vector<int>& fds) {
+  if (const char* testing = std::getenv("INSTANTTENSOR_TESTING_HOST_ID")) {
+    return fnv1a(kFnvBasis, testing, std::char_traits<char>::length(testing));
+  }
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  uint64_t hash = fnv1a(kFnvBasis, boot_id.data(), boot_id.size());
+  for (int fd : fds) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) continue;  // the opening already checked the fd; never here
+    uint64_t device = st.st_dev;
+    uint64_t inode = st.st_ino;
+    hash = fnv1a(hash, &device, sizeof(device));
+    hash = fnv1a(hash, &inode, sizeof(inode));
+  }
+  return hash;
+}
+
+HostTopology host_topology(const std::vector<uint64_t>& identities, int rank) {
+  HostTopology topology;
+  const uint64_t mine = identities.at(static_cast<size_t>(rank));
+  topology.local_ranks = static_cast<int>(std::count(identities.begin(), identities.end(), mine));
+  std::vector<uint64_t> distinct = identities;
+  std::sort(distinct.begin(), distinct.end());
+  topology.hosts =
+      static_cast<int>(std::unique(distinct.begin(), distinct.end()) - distinct.begin());
+  return topology;
+}
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,89 @@
+// What the parts of a loader share while they run a pass over the read plan: the plan itself
+// (read-only after open) and the state of the current pass. Consumer thread only.
+#pragma once
+
+#include <c10/core/StorageImpl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/checkpoint.h"
+#include "instanttensor/error.h"
+#include "loader/transfer/stream_fences.h"
+#include "plan/load_mode.h"
+#include "plan/memory_plan.h"
+#include "plan/read_plan.h"
+
+namespace instanttensor::loader {
+
+// The checkpoint, the read plan and the memory plan of one loader, with the lookups every part
+// needs. Fixed at open; the parts keep a reference to the loader's.
+struct PassPlan {
+  std::unique_ptr<format::Checkpoint> checkpoint;
+  plan::ReadPlan reads;
+  MemoryPlan memory;          // ring sizes, read grouping and the unit cut
+  uint64_t io_alignment = 1;  // O_DIRECT alignment of reads (1: buffered)
+  uint64_t ring_alignment = 64;
+  uint64_t chunk_size = 0;
+
+  const format::IndexedTensor& tensor_of_item(size_t item) const {
+    return checkpoint->tensors()[reads.items[item]];
+  }
+  const format::IndexedTensor& first_tensor(size_t group) const {
+    return tensor_of_item(reads.groups[group].first_item);
+  }
+  const std::string& file_of(const format::IndexedTensor& t) const {
+    return checkpoint->path_of(t);
+  }
+  const std::string& first_path() const { return checkpoint->files()[0].path; }
+  size_t unit_count(size_t group) const {
+    return memory.layout.unit_count(reads.groups[group].length);
+  }
+};
+
+// One read group in the current pass.
+struct GroupState {
+  Destination where = Destination::HostOwned;
+  plan::AlignedRange range;  // the group's bytes, widened for O_DIRECT
+  uint8_t* dest = nullptr;   // the group's first byte in its destination
+  bool placed = false;
+  bool landed = false;         // every byte this rank reads is in `dest`
+  bool verified = false;       // landed, and its file was unchanged after the reads
+  size_t units_submitted = 0;  // units whose share (of this rank) was submitted
+  size_t units_landed = 0;     // units whose share is in `dest`
+  size_t units_exchanged = 0;  // distributed: units through their status round and gather
+  CopyFence landed_fence;      // device: after the last copy into `dest`
+};
+
+// One tensor (item) in the current pass: where its bytes are until it is handed out.
+struct ItemState {
+  c10::intrusive_ptr<c10::StorageImpl> owned;  // HostOwned / DeviceOwned
+  c10::StorageImpl* borrowed = nullptr;        // held by its ring region
+};
+
+struct PassState {
+  uint64_t id = 0;  // regions of rings remember the pass that placed them
+  bool started = false;
+  std::optional<Error> error;  // the pass failed: every later step says why
+  std::vector<GroupState> groups;
+  std::vector<ItemState> items;
+  size_t next_group = 0;     // next group to place and submit
+  size_t next_item = 0;      // next item to hand out
+  uint64_t ahead_bytes = 0;  // owned destinations allocated and not yet handed out
+  size_t rounds_done = 0;    // in step without an exchange: status rounds made (StepRounds)
+
+  // A new pass over `plan`: every group unplaced, nothing handed out.
+  void begin(const plan::ReadPlan& plan) {
+    ++id;
+    started = true;
+    error.reset();
+    groups.assign(plan.groups.size(), GroupState{});
+    items.assign(plan.items.size(), ItemState{});
+    next_group = next_item = 0;
+    ahead_bytes = 0;
+    rounds_done = 0;
+  }
+};
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,86 @@
+#include "loader/pass/share_feed.h"
+
+#include "loader/reads/read_tags.h"
+#include "loader/reads/timing.h"
+
+namespace instanttensor::loader {
+
+void ShareFeed::reset() {
+  submitted_.clear();
+  cursor_ = 0;
+  if (staging_) staging_->forget_waiting();
+}
+
+void ShareFeed::submit_placed(PassState& pass) {
+  while (cursor_ < pass.next_group) {
+    GroupState& state = pass.groups[cursor_];
+    if (!state.landed && mode_.uses_shares(state.where) && !submit(cursor_, state)) return;
+    ++cursor_;
+  }
+}
+
+bool ShareFeed::submit(size_t g, GroupState& state) {
+  const plan::ReadGroup& group = plan_.reads.groups[g];
+  const size_t units = plan_.unit_count(g);
+  while (state.units_submitted < units) {
+    auto unit = plan_.memory.layout.unit(group.length, state.units_submitted);
+    Share share;
+    share.group = g;
+    const uint64_t group_offset = unit.share_begin(rank_);
+    share.nbytes = unit.share_end(rank_) - group_offset;
+    if (share.nbytes > 0) {
+      auto range =
+          plan::align_range(group.file_offset + group_offset, share.nbytes, plan_.io_alignment);
+      share.tag = read_tags::share(sequence_);
+      if (staging_) {
+        if (!staging_->submit(group.file_index, range, state.dest + group_offset, share.tag)) {
+          return false;
+        }
+        share.staged = true;
+      } else {
+        // The host exchange: straight into its place (O_DIRECT widening stays inside the
+        // group's aligned span, and only ever writes the file's own bytes there).
+        reads_.submit(group.file_index, range, state.dest + group_offset - range.prefix, share.tag);
+      }
+      ++sequence_;
+    }
+    submitted_.push_back(share);
+    state.units_submitted += 1;
+  }
+  return true;
+}
+
+std::optional<Error> ShareFeed::land(PassState& pass, size_t /*waited*/) {
+  while (!submitted_.empty()) {
+    Share& share = submitted_.front();
+    GroupState& state = pass.groups[share.group];
+    if (share.nbytes > 0) {
+      if (!reads_.done(share.tag)) return std::nullopt;
+      auto failure = reads_.failure(share.tag);
+      reads_.forget(share.tag);
+      if (failure) {
+        const auto& first = plan_.first_tensor(share.group);
+        return read_failure_error(*failure, plan_.file_of(first), first.name());
+      }
+    }
+    if (share.staged) {
+      auto start = Clock::now();
+      state.landed_fence = staging_->copy_oldest();
+      stats_.copy_seconds += seconds_since(start);
+    }
+    state.units_landed += 1;
+    if (state.units_landed == plan_.unit_count(share.group)) state.landed = true;
+    submitted_.pop_front();
+  }
+  return std::nullopt;
+}
+
+std::optional<size_t> ShareFeed::group_of(uint64_t tag) const {
+  if (!read_tags::is_share(tag)) return std::nullopt;
+  for (const auto& share : submitted_) {
+    if (share.tag == tag) return share.group;
+  }
+  return std::nullopt;
+}
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,96 @@
+#include "loader/reads/read_scheduler.h"
+
+#include <cstring>
+
+namespace instanttensor::loader {
+
+Error read_failure_error(const ReadFailure& failure, const std::string& file,
+                         const std::string& name) {
+  if (failure.error != 0) {
+    return Error(error_kind_for_errno(failure.error), file, name,
+                 std::string("read failed: ") + std::strerror(failure.error));
+  }
+  return Error(ErrorKind::Io, file, name, "file shrank during the load (short read)");
+}
+
+ReadScheduler::ReadScheduler(io::IoSetup& io, int threads, int depth, uint64_t chunk_size,
+                             Stats& stats)
+    : io_(io), threads_(threads), depth_(depth), chunk_size_(chunk_size), stats_(stats) {}
+
+ReadScheduler::~ReadScheduler() { drain(); }
+
+io::ReadBackend& ReadScheduler::backend() {
+  if (!backend_) {
+    backend_ = io_.start_backend(threads_, depth_);
+    stats_.backend = io_.description();
+  }
+  return *backend_;
+}
+
+size_t ReadScheduler::submit(size_t file_index, const plan::AlignedRange& range, uint8_t* dest,
+                             uint64_t tag, bool buffered) {
+  auto pieces = plan::split_into_pieces(range, chunk_size_);
+  if (pieces.empty()) return 0;
+  int fd = buffered ? io_.buffered_fd(file_index) : io_.read_fd(file_index);
+  tags_[tag].pending += pieces.size();
+  for (const auto& piece : pieces) {
+    backend().submit(io::ReadRequest{fd, range.begin + piece.offset, piece.length,
+                                     dest + piece.offset, tag, piece.required});
+  }
+  return pieces.size();
+}
+
+void ReadScheduler::wait_one() {
+  io::ReadCompletion completion = backend().wait_completion();
+  stats_.read_seconds += completion.seconds;
+  stats_.bytes_read += completion.bytes;
+  stats_.read_requests += 1;
+  auto found = tags_.find(completion.tag);
+  if (found == tags_.end()) return;  // a forgotten tag (an abandoned pass)
+  TagState& state = found->second;
+  if (state.pending > 0) state.pending -= 1;
+  if ((completion.error != 0 || completion.truncated) && !state.failure) {
+    state.failure = ReadFailure{completion.error, completion.truncated};
+    failed_.insert(completion.tag);
+  }
+}
+
+bool ReadScheduler::done(uint64_t tag) const {
+  auto found = tags_.find(tag);
+  return found == tags_.end() || found->second.pending == 0;
+}
+
+std::optional<ReadFailure> ReadScheduler::failure(uint64_t tag) const {
+  auto found = tags_.find(tag);
+  if (found == tags_.end()) return std::nullopt;
+  return found->second.failure;
+}
+
+std::optional<uint64_t> ReadScheduler::first_failed_tag() const {
+  if (failed_.empty()) return std::nullopt;
+  return *failed_.begin();
+}
+
+void ReadScheduler::forget(uint64_t tag) {
+  tags_.erase(tag);
+  failed_.erase(tag);
+}
+
+std::optional<ReadFailure> ReadScheduler::wait_for(uint64_t tag) {
+  while (!done(tag)) wait_one();
+  auto failed = failure(tag);
+  forget(tag);
+  return failed;
+}
+
+void ReadScheduler::drain() noexcept {
+  while (backend_ && backend_->in_flight() > 0) {
+    io::ReadCompletion completion = backend_->wait_completion();
+    stats_.bytes_read += completion.bytes;
+    stats_.read_requests += 1;
+  }
+  tags_.clear();
+  failed_.clear();
+}
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,51 @@
+// The transfer stage: host staging ring -> the target device, ordered with events instead of
+// host synchronization. Device-generic (c10 guards, streams, events), so the CPU build of this
+// file drives CUDA when a CUDA torch is loaded, and a CPU target (force_staging) runs the very
+// same code in tests.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "loader/transfer/borrow_ring.h"
+#include "loader/transfer/stream_fences.h"
+
+namespace instanttensor::loader {
+
+class DeviceStage {
+ public:
+  // `device`: the target, with a concrete index. Reads land in a staging ring of
+  // `staging_bytes` (pinned for accelerators, aligned to `staging_alignment` for O_DIRECT) and
+  // stream through it in slices into device memory: a device ring of `device_ring_bytes`
+  // (borrowed tensors and the exchange; 0: none) or owned device allocations. Nothing is
+  // allocated before first use. Consumer thread only, like the Loader that owns it.
+  DeviceStage(c10::Device device, uint64_t staging_bytes, uint64_t staging_alignment,
+              uint64_t device_ring_bytes);
+  ~DeviceStage();
+
+  const LoaderStreams& streams() const { return streams_; }
+  BorrowRing& staging() { return staging_; }
+  BorrowRing& device_ring() { return device_ring_; }
+
+  // Fresh device memory of `nbytes` for an owned tensor, allocated while the consumer's stream
+  // is current (the caching allocator ties the block to the stream that will use it).
+  c10::DataPtr allocate_owned(uint64_t nbytes) const;
+  // Queues a copy of `nbytes` from `from` (host, in the staging ring) to `to` (device) on the
+  // loader's stream. Returns the fence after it: the staging bytes are free, `to` is filled.
+  CopyFence copy_to_device(const uint8_t* from, uint8_t* to, uint64_t nbytes) const;
+  // An owned copy of `nbytes` at device address `from`, queued on the consumer's stream.
+  c10::DataPtr copy_on_device(const uint8_t* from, uint64_t nbytes) const;
+
+  // Copies out borrowed device tensors still referenced (they must outlive the ring), waits
+  // for the copies reading staging memory even if that fails, and frees both rings. Idempotent.
+  uint64_t close();
+
+ private:
+  LoaderStreams streams_;
+  BorrowRing staging_;
+  BorrowRing device_ring_;
+};
+
+}  // namespace instanttensor::loader

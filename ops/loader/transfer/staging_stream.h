@@ -1,0 +1,56 @@
+// The staging stream: reads land in slices of the staging ring and are copied to their device
+// destinations in the order they were submitted; the oldest slice is freed once its copy has
+// been queued and has read it. Used by the loader's shares and by load_into alike.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+
+#include "loader/reads/read_scheduler.h"
+#include "loader/transfer/borrow_ring.h"
+#include "loader/transfer/device_stage.h"
+#include "plan/read_plan.h"
+
+namespace instanttensor::loader {
+
+class StagingStream {
+ public:
+  // `stage` and `reads` outlive this object. Consumer thread only.
+  StagingStream(DeviceStage& stage, ReadScheduler& reads) : stage_(stage), reads_(reads) {}
+
+  // Submits the read of `range` of file `file_index` (tag `tag`) into a fresh staging slice,
+  // whose `range.length` wanted bytes are later copied to `to` (device memory). Frees the oldest
+  // slices whose copies have finished to make room, never waiting; returns false when no room
+  // is left without a wait: then land the slices whose reads are done (their copies queue
+  // behind the ones running), or wait_oldest_copy(), and submit again.
+  bool submit(size_t file_index, const plan::AlignedRange& range, uint8_t* to, uint64_t tag);
+  // Blocks the host until the oldest slice whose copy is queued has been read by it and frees
+  // that slice; false (no wait) when no slice has a copy queued.
+  bool wait_oldest_copy();
+  // Slices submitted and not yet copied (or dropped), oldest first.
+  size_t waiting() const { return waiting_.size(); }
+  uint64_t oldest_tag() const { return waiting_.front().tag; }
+  // Queues the copy of the oldest waiting slice (its read done and successful) on the loader's
+  // stream; returns the fence after it (the destination is filled, the slice may be reused).
+  CopyFence copy_oldest();
+  // Gives up the oldest waiting slice without copying it (its read failed; it is done).
+  void drop_oldest();
+  // After the reads were drained (an abandoned pass): forgets every waiting slice, so their
+  // space is free for the next pass.
+  void forget_waiting() { waiting_.clear(); }
+  // Frees every slice (host waits for the copies that read them).
+  void release_all();
+
+ private:
+  struct Slice {
+    uint64_t tag;
+    const uint8_t* staged;  // the wanted bytes in the staging ring
+    uint8_t* to;
+    uint64_t nbytes;
+  };
+  DeviceStage& stage_;
+  ReadScheduler& reads_;
+  std::deque<Slice> waiting_;  // the ring's newest regions, in the same order
+};
+
+}  // namespace instanttensor::loader
