@@ -162,6 +162,10 @@ class SafeOpen {
   // underway); with a process group every rank reads and fills all its destinations itself.
   LoadIntoResult load_into(const std::map<std::string, at::Tensor>& destinations,
                            bool strict = true);
+  // The same with destinations[i] named names[i] (the operator's and the Loader class's form):
+  // lengths that differ, or a name given twice, are Error(Argument) before any byte is written.
+  LoadIntoResult load_into(const std::vector<std::string>& names,
+                           const std::vector<at::Tensor>& destinations, bool strict = true);
 
   // Starts a new pass over the selected tensors in storage order (abandoning any pass underway).
   void restart();

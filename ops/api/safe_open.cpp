@@ -33,6 +33,10 @@ LoadIntoResult SafeOpen::load_into(const std::map<std::string, at::Tensor>& dest
   }
   return loader_->load_into(names, tensors, strict);
 }
+LoadIntoResult SafeOpen::load_into(const std::vector<std::string>& names,
+                                   const std::vector<at::Tensor>& destinations, bool strict) {
+  return loader_->load_into(names, destinations, strict);
+}
 
 at::Tensor SafeOpen::get_rows(const std::string& name, int64_t start, int64_t stop) {
   return loader_->get_rows(name, start, stop);

@@ -26,37 +26,14 @@ std::vector<at::Tensor> load_tensors(std::vector<std::string> files, std::vector
   return out;
 }
 
-// The (name, destination) pairs of the op's and the class's load_into (Python's goes through the
-// class) as the C++ API takes them, checked here once: Error(Argument) when the lengths differ,
-// or naming the tensor when a name is given twice (a map would keep one destination and
-// silently leave the other unfilled).
-std::map<std::string, at::Tensor> named_destinations(const std::vector<std::string>& names,
-                                                     const std::vector<at::Tensor>& destinations,
-                                                     const std::string& file, const char* what) {
-  if (destinations.size() != names.size()) {
-    throw Error(ErrorKind::Argument, file, "",
-                std::string(what) + ": " + std::to_string(destinations.size()) +
-                    " destinations for " + std::to_string(names.size()) + " names");
-  }
-  std::map<std::string, at::Tensor> named;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (!named.emplace(names[i], destinations[i]).second) {
-      throw Error(ErrorKind::Argument, file, names[i],
-                  std::string(what) + ": the name is given twice");
-    }
-  }
-  return named;
-}
-
 // torch.ops.instanttensor.load_into_: fills destinations[i] in place with the tensor names[i]
 // of the files (strict: every name must exist; dtype and shape must match), in one pass.
 void load_into_op(const std::vector<at::Tensor>& destinations, std::vector<std::string> files,
                   std::vector<std::string> names) {
-  auto named = named_destinations(names, destinations, files.empty() ? "" : files[0], "load_into_");
   OpenOptions options;
   options.keys = names;
   SafeOpen opened(std::move(files), options);
-  opened.load_into(named, /*strict=*/true);
+  opened.load_into(names, destinations, /*strict=*/true);
 }
 
 // torch.ops.instanttensor.save_file: safetensors.torch.save_file semantics; metadata as two
@@ -171,8 +148,7 @@ class LoaderHolder : public torch::CustomClassHolder {
   // (missing keys, unexpected keys); both empty when strict (mismatches raise instead).
   std::tuple<std::vector<std::string>, std::vector<std::string>> load_into(
       std::vector<std::string> names, std::vector<at::Tensor> destinations, bool strict) {
-    auto result =
-        opened_.load_into(named_destinations(names, destinations, "", "load_into"), strict);
+    auto result = opened_.load_into(names, destinations, strict);
     return {std::move(result.missing_keys), std::move(result.unexpected_keys)};
   }
   at::Tensor get_rows(const std::string& name, int64_t start, int64_t stop) {

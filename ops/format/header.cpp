@@ -14,11 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-[[noreturn]] void fail(const std::string& file, const std::string& tensor, const std::string& rule,
-                       const std::string& detail) {
-  throw Error(ErrorKind::Format, file, tensor, rule + ": " + detail);
-}
-
 // Builds the entries straight from the parser's events: no DOM, so time is linear in the header
 // and memory a small multiple of it (the callback DOM parser walked the root object at every
 // nested object's end: quadratic in the number of tensors). Any rule broken throws Error(Format).

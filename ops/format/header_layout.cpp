@@ -8,14 +8,10 @@
 
 namespace instanttensor::format {
 
-namespace {
-
-[[noreturn]] void fail(const std::string& file, const std::string& tensor, const std::string& rule,
-                       const std::string& detail) {
+void fail(const std::string& file, const std::string& tensor, const std::string& rule,
+          const std::string& detail) {
   throw Error(ErrorKind::Format, file, tensor, rule + ": " + detail);
 }
-
-}  // namespace
 
 void check_layout(const std::string& file_name, FileHeader& header, uint64_t file_size) {
   const uint64_t length = header.header_length;

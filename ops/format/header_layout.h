@@ -10,6 +10,11 @@
 
 namespace instanttensor::format {
 
+// Error(Format) naming the broken rule, the file and the tensor (empty: none): the one way the
+// header's parts report a broken rule. Any thread.
+[[noreturn]] void fail(const std::string& file, const std::string& tensor, const std::string& rule,
+                       const std::string& detail);
+
 // Sorts header.tensors into storage order (empty tensors sharing an offset by name) and checks
 // them against a file of `file_size` bytes; any rule broken is Error(Format) naming the rule,
 // `file_name` and the tensor. Pure; any thread.

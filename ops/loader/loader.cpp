@@ -1,5 +1,5 @@
 // Queries, random access, load_into, fork and closing; opening is in loader_open.cpp, the pass
-// in loader_pass.cpp.
+// in loader_pass.cpp, the steps of ranks in step in loader_in_step.cpp.
 #include "loader/loader.h"
 
 #include <ATen/Parallel.h>

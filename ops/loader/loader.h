@@ -38,7 +38,7 @@ class TensorFactory;
 
 namespace instanttensor {
 
-// Opens a checkpoint, chooses its load mode (loader/load_mode.h) once, composes the parts of
+// Opens a checkpoint, chooses its load mode (plan/load_mode.h) once, composes the parts of
 // ops/loader for that mode, runs the pass and answers queries. Each read group of the plan goes
 // through: place (Placement: owned memory or a ring region) -> submit and land (a GroupFeed:
 // the whole group, or this rank's shares through the StagingStream to a device) -> exchange
@@ -111,6 +111,9 @@ class Loader {
   // the copies queued so far on the loader's stream. Consumer thread.
   void keep_owned_until_copied() noexcept;
   void keep_until_copied(c10::StorageImpl& owned) noexcept;
+  // The two steps of both: true when `owned` is device memory whose use was recorded.
+  bool record_use_by_copies(c10::StorageImpl& owned) noexcept;
+  void order_consumer_after_copies() noexcept;
   // Places and submits groups ahead of the consumer, as far as memory allows.
   void pump();
   // Every feed submits the reads of the groups placed so far that it serves.

@@ -1,7 +1,7 @@
-// BorrowRing (loader/borrow_ring.h) on host memory: regions placed at the head and released from
-// the tail with their phase kept; a storage the consumer still holds is copied out at release
-// (bytes unchanged, views follow), one it dropped is not; at close, held storages keep their bytes
-// where they are.
+// BorrowRing (loader/transfer/borrow_ring.h) on host memory: regions placed at the head and
+// released from the tail with their phase kept; a storage the consumer still holds is copied out at
+// release (bytes unchanged, views follow), one it dropped is not; at close, held storages keep
+// their bytes where they are.
 #include <gtest/gtest.h>
 
 #include <cstring>

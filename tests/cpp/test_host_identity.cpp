@@ -1,5 +1,5 @@
-// Host identities (loader/host_identity.h): equal for one kernel and the same files, different
-// for copies of the files, overridable in tests; and the topology each rank derives.
+// Host identities (loader/exchange/host_identity.h): equal for one kernel and the same files,
+// different for copies of the files, overridable in tests; and the topology each rank derives.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// The load mode (loader/load_mode.h): every combination of target, options and process group,
+// The load mode (plan/load_mode.h): every combination of target, options and process group,
 // as a table, against what each part of the loader must then do.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Sizing the rings and grouping the reads (loader/memory_plan.h): a pure function, checked case
+// Sizing the rings and grouping the reads (plan/memory_plan.h): a pure function, checked case
 // by case without allocating anything.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// ReadScheduler (loader/read_scheduler.h): tags counted per piece, the first failure of each tag
-// kept, the smallest failed tag reported, drain and forget; inline (no workers) and threaded.
+// ReadScheduler (loader/reads/read_scheduler.h): tags counted per piece, the first failure of each
+// tag kept, the smallest failed tag reported, drain and forget; inline (no workers) and threaded.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,7 +1,8 @@
-// DeviceStage and the StagingStream (loader/device_stage.h, loader/staging_stream.h) with a CPU
-// target, the same code an accelerator runs: slices read into a small staging ring are copied to
-// their destinations in submission order, the oldest copied slice is freed to make room, a full
-// ring of waiting slices refuses more, and a dropped slice is never copied.
+// DeviceStage and the StagingStream (loader/transfer/device_stage.h,
+// loader/transfer/staging_stream.h) with a CPU target, the same code an accelerator runs: slices
+// read into a small staging ring are copied to their destinations in submission order, the oldest
+// copied slice is freed to make room, a full ring of waiting slices refuses more, and a dropped
+// slice is never copied.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>

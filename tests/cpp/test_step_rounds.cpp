@@ -1,5 +1,5 @@
-// Where ranks reading alone meet (loader/step_rounds.h): an item past each stride of bytes,
-// and the end; decided by the item sizes alone.
+// Where ranks reading alone meet (loader/exchange/step_rounds.h): an item past each stride of
+// bytes, and the end; decided by the item sizes alone.
 #include <gtest/gtest.h>
 
 #include "loader/exchange/step_rounds.h"

@@ -1,4 +1,4 @@
-// Cutting a read group into units of equal rank slices (loader/unit_layout.h): pure, torch-free.
+// Cutting a read group into units of equal rank slices (plan/unit_layout.h): pure, torch-free.
 #include <gtest/gtest.h>
 
 #include <algorithm>

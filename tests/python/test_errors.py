@@ -337,3 +337,15 @@ def test_the_loader_class_refuses_a_destination_named_twice(model_files):
     assert not first.any() and not second.any()  # nothing written before the refusal
     with pytest.raises(RuntimeError, match="the name is given twice"):
         torch.ops.instanttensor.load_into_([first, second], paths, [name, name])
+
+
+def test_load_into_refuses_names_and_destinations_of_different_lengths(model_files):
+    paths, tensors = model_files
+    names = sorted(tensors)[:2]
+    only = torch.zeros_like(tensors[names[0]])
+    loader = torch.classes.instanttensor.Loader(paths)
+    with pytest.raises(RuntimeError, match="1 destinations for 2 names"):
+        loader.load_into(names, [only], False)
+    with pytest.raises(RuntimeError, match="1 destinations for 2 names"):
+        torch.ops.instanttensor.load_into_([only], paths, names)
+    assert not only.any()  # nothing written before the refusal

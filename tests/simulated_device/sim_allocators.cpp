@@ -30,13 +30,29 @@ struct DeviceBlock {
 // memory was freed before it ran (a free ordered on the wrong stream): it then counts a stale
 // access and leaves the bytes alone, where a real device would have written into memory the
 // allocator may already have handed to someone else.
+// Each block has a generation, so a copy queued into a freed block whose address the next
+// allocation reuses is still found stale.
+struct LiveBlock {
+  uint64_t size = 0;
+  uint64_t generation = 0;
+};
 std::mutex live_mutex;
-std::map<uintptr_t, uint64_t> live_blocks;
+std::map<uintptr_t, LiveBlock> live_blocks;
+uint64_t next_generation = 0;
 std::atomic<uint64_t> stale_access_count{0};
 
 void add_live(const DeviceBlock* block) {
   std::lock_guard<std::mutex> lock(live_mutex);
-  live_blocks[reinterpret_cast<uintptr_t>(block->host)] = block->size;
+  live_blocks[reinterpret_cast<uintptr_t>(block->host)] = LiveBlock{block->size, ++next_generation};
+}
+
+// The live block holding [host, host + nbytes), or null. Under live_mutex.
+const LiveBlock* live_block_of(const void* host, size_t nbytes) {
+  auto begin = reinterpret_cast<uintptr_t>(host);
+  auto after = live_blocks.upper_bound(begin);
+  if (after == live_blocks.begin()) return nullptr;
+  auto block = std::prev(after);
+  return begin + nbytes <= block->first + block->second.size ? &block->second : nullptr;
 }
 
 void remove_live(const DeviceBlock* block) {
@@ -135,16 +151,24 @@ void record_block_use(const c10::DataPtr& data, const c10::Stream& stream) {
 
 c10::Allocator* device_allocator_instance() { return &device_allocator; }
 
-bool device_range_live(const void* host, size_t nbytes) {
-  auto begin = reinterpret_cast<uintptr_t>(host);
+DeviceRange device_range(const void* host, size_t nbytes) {
   std::lock_guard<std::mutex> lock(live_mutex);
-  auto after = live_blocks.upper_bound(begin);
-  if (after != live_blocks.begin()) {
-    auto block = std::prev(after);
-    if (begin + nbytes <= block->first + block->second) return true;
+  const LiveBlock* block = live_block_of(host, nbytes);
+  return DeviceRange{host, nbytes, block ? block->generation : 0};
+}
+
+bool touch_live(const DeviceRange& a, const DeviceRange& b, const std::function<void()>& touch) {
+  std::lock_guard<std::mutex> lock(live_mutex);
+  for (const DeviceRange* range : {&a, &b}) {
+    if (range->host == nullptr) continue;
+    const LiveBlock* block = live_block_of(range->host, range->nbytes);
+    if (block == nullptr || block->generation != range->generation) {
+      stale_access_count.fetch_add(1);
+      return false;
+    }
   }
-  stale_access_count.fetch_add(1);
-  return false;
+  touch();
+  return true;
 }
 
 uint64_t stale_accesses() { return stale_access_count.load(); }

@@ -6,6 +6,9 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/Stream.h>
 
+#include <cstdint>
+#include <functional>
+
 namespace simdev {
 
 // The device allocator (the ATen empty kernels allocate through it).
@@ -15,10 +18,20 @@ c10::Allocator* device_allocator_instance();
 // queued on it when the block is freed (as CUDA's caching allocator does).
 void record_block_use(const c10::DataPtr& data, const c10::Stream& stream);
 
-// Whether the host range behind `nbytes` of device memory at `host` (real() of a device address)
-// lies in one live device block; if not, counts a stale access (see stale_accesses). Queued
-// operations ask before they touch device memory, from any thread.
-bool device_range_live(const void* host, size_t nbytes);
+// Device memory an operation will touch: the host range behind it (real() of a device address)
+// and the generation of the live block holding it when the operation was queued (0: none).
+// host null: no device memory on that side.
+struct DeviceRange {
+  const void* host = nullptr;
+  size_t nbytes = 0;
+  uint64_t generation = 0;
+};
+// When queuing an operation, any thread.
+DeviceRange device_range(const void* host, size_t nbytes);
+// When the operation runs: calls `touch` unless a range's block was freed since it was queued
+// (or never was one), which counts a stale access (see stale_accesses) and touches nothing. A
+// block is not freed while `touch` runs. Any thread.
+bool touch_live(const DeviceRange& a, const DeviceRange& b, const std::function<void()>& touch);
 // Queued operations that found their device memory already freed, since the library loaded.
 uint64_t stale_accesses();
 

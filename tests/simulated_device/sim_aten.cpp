@@ -69,8 +69,12 @@ at::Tensor to_host(const at::Tensor& src) {
   void* to = host.data_ptr();
   const c10::DeviceIndex device = index_of(src);
   if (storage_bytes > 0) {
-    s.wait_for(s.enqueue(
-        [=] { engine_copy(device, Direction::DeviceToHost, to, real(from), storage_bytes); }));
+    const DeviceRange source = device_range(real(from), storage_bytes);
+    s.wait_for(s.enqueue([=] {
+      engine_move(device, Direction::DeviceToHost, storage_bytes, [&] {
+        touch_live(source, DeviceRange{}, [&] { std::memcpy(to, source.host, storage_bytes); });
+      });
+    }));
   }
   return host.view(src.scalar_type()).as_strided(src.sizes(), src.strides(), src.storage_offset());
 }
@@ -88,15 +92,20 @@ void queued_copy(Stream& s, void* to, const void* from, size_t nbytes, bool asyn
   const bool to_device = engine != Direction::DeviceToHost;
   const bool from_device =
       engine ? *engine == Direction::DeviceToHost : !(keep && keep.device().is_cpu());
+  // Noted now, checked when the copy runs: memory freed in between (a free ordered before the
+  // copy) is counted as a stale access and left alone.
+  const DeviceRange to_range = to_device ? device_range(to, nbytes) : DeviceRange{};
+  const DeviceRange from_range = from_device ? device_range(from, nbytes) : DeviceRange{};
   uint64_t sequence = s.enqueue([=, keep = std::move(keep)] {
-    if ((to_device && !device_range_live(to, nbytes)) ||
-        (from_device && !device_range_live(from, nbytes))) {
-      return;  // freed before the copy ran: counted, and no byte written into freed memory
-    }
+    auto move = [&] {
+      touch_live(to_range, from_range, [&] {
+        if (moves(nbytes)) std::memcpy(to, from, nbytes);
+      });
+    };
     if (engine) {
-      engine_copy(device, *engine, to, from, nbytes);
-    } else if (moves(nbytes)) {
-      std::memcpy(to, from, nbytes);
+      engine_move(device, *engine, nbytes, move);
+    } else {
+      move();
     }
   });
   if (!async) s.wait_for(sequence);

@@ -4,8 +4,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
+#include "sim_allocators.h"
 #include "sim_runtime.h"
 
 namespace simdev {
@@ -34,14 +36,24 @@ c10::DeviceIndex simccl_device_of(const at::Tensor& t) {
 // thread, after the stream reached the collective (the bytes are final).
 at::Tensor download(const at::Tensor& device_tensor) {
   at::Tensor host = at::empty(device_tensor.sizes(), device_tensor.options().device(at::kCPU));
-  engine_copy(simccl_device_of(device_tensor), Direction::DeviceToHost, host.data_ptr(),
-              real(device_tensor.data_ptr()), device_tensor.nbytes());
+  const size_t nbytes = device_tensor.nbytes();
+  const DeviceRange source = device_range(real(device_tensor.data_ptr()), nbytes);
+  engine_move(simccl_device_of(device_tensor), Direction::DeviceToHost, nbytes, [&] {
+    touch_live(source, DeviceRange{}, [&] {
+      if (moves(nbytes)) std::memcpy(host.data_ptr(), source.host, nbytes);
+    });
+  });
   return host;
 }
 
 void upload(const at::Tensor& host, const at::Tensor& device_tensor) {
-  engine_copy(simccl_device_of(device_tensor), Direction::HostToDevice,
-              real(device_tensor.data_ptr()), host.data_ptr(), device_tensor.nbytes());
+  const size_t nbytes = device_tensor.nbytes();
+  const DeviceRange target = device_range(real(device_tensor.data_ptr()), nbytes);
+  engine_move(simccl_device_of(device_tensor), Direction::HostToDevice, nbytes, [&] {
+    touch_live(target, DeviceRange{}, [&] {
+      if (moves(nbytes)) std::memcpy(const_cast<void*>(target.host), host.data_ptr(), nbytes);
+    });
+  });
 }
 
 at::Tensor empty_host_like(const at::Tensor& device_tensor) {

@@ -214,19 +214,19 @@ bool moves(size_t nbytes) { return nbytes <= (64u << 10) || move_bytes(); }
 
 namespace {
 // The engine for `nbytes`, moving them when `moving`.
-void run_engine(c10::DeviceIndex device, Direction direction, void* to, const void* from,
-                size_t nbytes, bool moving) {
+void run_engine(c10::DeviceIndex device, Direction direction, size_t nbytes,
+                const std::function<void()>& move) {
   check_device(device);
   const Timing t = timing();
   const double bandwidth =
       direction == Direction::HostToDevice ? t.h2d_bytes_per_second : t.d2h_bytes_per_second;
   if (bandwidth <= 0) {
-    if (moving) std::memcpy(to, from, nbytes);
+    if (move) move();
     return;
   }
   std::lock_guard<std::mutex> engine(engines[device][static_cast<int>(direction)]);
   auto start = std::chrono::steady_clock::now();
-  if (moving) std::memcpy(to, from, nbytes);
+  if (move) move();
   auto modelled = std::chrono::duration<double>(t.latency_seconds + nbytes / bandwidth);
   std::this_thread::sleep_until(start +
                                 std::chrono::duration_cast<std::chrono::nanoseconds>(modelled));
@@ -241,11 +241,17 @@ void run_engine(c10::DeviceIndex device, Direction direction, void* to, const vo
 
 void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
                  size_t nbytes) {
-  run_engine(device, direction, to, from, nbytes, moves(nbytes));
+  if (!moves(nbytes)) return run_engine(device, direction, nbytes, nullptr);
+  run_engine(device, direction, nbytes, [&] { std::memcpy(to, from, nbytes); });
+}
+
+void engine_move(c10::DeviceIndex device, Direction direction, size_t nbytes,
+                 const std::function<void()>& move) {
+  run_engine(device, direction, nbytes, move);
 }
 
 void engine_time(c10::DeviceIndex device, Direction direction, size_t nbytes) {
-  run_engine(device, direction, nullptr, nullptr, nbytes, false);
+  run_engine(device, direction, nbytes, nullptr);
 }
 
 EngineStats engine_stats(c10::DeviceIndex device, Direction direction) {

@@ -111,6 +111,10 @@ enum class Direction { HostToDevice, DeviceToHost };
 // says otherwise (below). Called on stream workers, where queued copies run.
 void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
                  size_t nbytes);
+// The same with the bytes moved by `move` (called first, on the calling thread, holding the
+// engine): callers that check the device memory is still live before touching it.
+void engine_move(c10::DeviceIndex device, Direction direction, size_t nbytes,
+                 const std::function<void()>& move);
 // Holds the engine for the modelled time of `nbytes`, moving nothing (benchmarks).
 void engine_time(c10::DeviceIndex device, Direction direction, size_t nbytes);
 
