@@ -5,7 +5,7 @@ whitespace kinds and places, extra fields, duplicate keys, metadata shapes, byte
 comments, trailing commas, padding, length edges, trailing bytes) and each file goes through the
 reference reader and ours: the verdicts (accept / reject) must agree and, when both accept, the
 tensors, their bytes and the metadata. The one deliberate difference is skipped (a tensor name
-defined twice: the reference keeps the last, we reject; see the README's validation table).
+defined twice: the reference keeps the last, we reject; see docs/compatibility.md).
 
 Bounded in CI: INSTANTTENSOR_DIFFERENTIAL_EXAMPLES (default 400) examples per test; run longer
 with a larger value. Cases it found are kept in differential_seeds.json and replayed first.

@@ -312,7 +312,7 @@ def test_a_100mb_hostile_header_stays_within_the_memory_bound(tmp_path, kind, ta
     assert done.returncode == 0, done.stderr
     grown, message = done.stdout.split("\n", 1)
     assert verdict in message, message
-    # README: parsing a header costs at most 5x its size (measured 4.5x-4.7x at these worst cases).
+    # docs/compatibility.md: parsing a header costs at most 5x its size (measured 4.5x-4.7x at these worst cases).
     assert int(grown) <= 5.5 * len(header), (int(grown) / len(header), kind)
 
 

@@ -39,7 +39,7 @@ def test_get_slice_matches_the_reference(tmp_path, name, index):
     expected = take(lambda p: reference_open(p, framework="pt"))
     got = take(instanttensor.safe_open)
     if name == "packed_f4":
-        # Deliberate difference (README): the reference's get_slice cannot reshape packed F4 and
+        # Deliberate difference (docs/compatibility.md): the reference's get_slice cannot reshape packed F4 and
         # raises; ours indexes the packed tensor that both readers' get_tensor return.
         assert expected == ("error", "RuntimeError")
         with reference_open(path, framework="pt") as f:
