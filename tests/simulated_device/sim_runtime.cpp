@@ -239,12 +239,6 @@ void run_engine(c10::DeviceIndex device, Direction direction, size_t nbytes,
 }
 }  // namespace
 
-void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
-                 size_t nbytes) {
-  if (!moves(nbytes)) return run_engine(device, direction, nbytes, nullptr);
-  run_engine(device, direction, nbytes, [&] { std::memcpy(to, from, nbytes); });
-}
-
 void engine_move(c10::DeviceIndex device, Direction direction, size_t nbytes,
                  const std::function<void()>& move) {
   run_engine(device, direction, nbytes, move);

@@ -106,13 +106,9 @@ bool move_bytes();
 bool moves(size_t nbytes);
 
 enum class Direction { HostToDevice, DeviceToHost };
-// Moves `nbytes` through the copy engine of `device` for `direction`, holding it as long as
-// the model says (at least as long as the memcpy takes). The bytes move unless moves(nbytes)
-// says otherwise (below). Called on stream workers, where queued copies run.
-void engine_copy(c10::DeviceIndex device, Direction direction, void* to, const void* from,
-                 size_t nbytes);
-// The same with the bytes moved by `move` (called first, on the calling thread, holding the
-// engine): callers that check the device memory is still live before touching it.
+// Holds the copy engine of `device` for `direction` as long as the model says for `nbytes` (at
+// least as long as `move` takes), calling `move` first: it moves the bytes, or not (moves(),
+// above), after checking the device memory is still live. Called where queued copies run.
 void engine_move(c10::DeviceIndex device, Direction direction, size_t nbytes,
                  const std::function<void()>& move);
 // Holds the engine for the modelled time of `nbytes`, moving nothing (benchmarks).
