@@ -19,7 +19,9 @@ fi
 PYTHON=${PYTHON:-python3}
 # torch pinned: an unpinned torch would pull a multi-GB CUDA build.
 "$PYTHON" -m pip install -q torch==2.13.0
-"$PYTHON" -m pip install -q safetensors pytest hypothesis numpy tqdm
+# safetensors pinned: it is the oracle, and scripts/reference_suite.sh runs its own suite (fsspec is
+# what that suite's file-handle test opens files with).
+"$PYTHON" -m pip install -q safetensors==0.8.0 pytest hypothesis numpy tqdm fsspec
 # A real client of safe_open (from_pretrained passes backend="mmap" and uses get_slice).
 "$PYTHON" -m pip install -q transformers==5.24.0
 # A real published checkpoint for the parity tests (weights only; no dependencies pulled).

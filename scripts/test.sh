@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: installs, checks formatting, builds with warnings as errors, runs the C++ tests
 # (ctest), the sanitizer builds and the fuzzers (scripts/sanitize.sh), the Python tests (pytest)
-# against the installed package (the device tests on the simulated accelerator), the proof that
+# against the installed package (the device tests on the simulated accelerator), safetensors' own
+# Python suite with instanttensor in its place (scripts/reference_suite.sh), the proof that
 # each device fence is tested (scripts/check_fences.sh), and the callers' released loaders
 # (scripts/test_callers.sh).
 set -euo pipefail
@@ -21,6 +22,8 @@ cd tests/python  # so `import instanttensor` finds the installed package, not py
 INSTANTTENSOR_SIMDEV_DELAY=1 INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" "${PYTHON:-python3}" -m pytest \
   -q -p no:cacheprovider --ignore=test_callers.py .
 cd "$ROOT"
+echo "== safetensors' own suite with instanttensor in its place"
+bash scripts/reference_suite.sh
 echo "== fences: each one dropped must turn the device tests red"
 INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" bash scripts/check_fences.sh
 cd "$ROOT"

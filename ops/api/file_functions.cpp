@@ -56,6 +56,11 @@ void save_file(const std::map<std::string, at::Tensor>& tensors, const std::stri
   std::vector<format::WriterTensor> entries;
   for (const auto& [name, tensor] : tensors) {
     if (!tensor.defined()) throw Error(ErrorKind::Argument, file, name, "undefined tensor");
+    // A meta tensor has no bytes: refused before anything is written (the old file stays).
+    if (tensor.is_meta()) {
+      throw Error(ErrorKind::Argument, file, name,
+                  "Cannot copy out of meta tensor; it has no data to save");
+    }
     if (!tensor.is_contiguous()) {
       throw Error(ErrorKind::Argument, file, name,
                   "tensor is not contiguous; call .contiguous() before saving");

@@ -3,6 +3,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include "api/serialization.h"
 #include "format/torch_dtype.h"
 #include "instanttensor/instanttensor.h"
 #include "loader/options.h"
@@ -207,6 +208,20 @@ TORCH_LIBRARY(instanttensor, m) {
   // environment, the default): the one parse of it, for the Python layer's budget.
   m.def("free_memory_share(float? given) -> float", &free_memory_share_op);
   m.def("shared_tensor_names(Tensor[] tensors, str[] names) -> str[]", &shared_tensor_names);
+  // safetensors' serialize/deserialize: the header text and the data order for bytes the Python
+  // layer joins; the header of an in-memory file, parsed to the reader's rules.
+  m.def(
+      "serialize_header(str[] names, str[] dtypes, int[] ranks, int[] dims, int[] nbytes, "
+      "str[] metadata_keys, str[] metadata_values, bool has_metadata, str label) -> (str, int[])",
+      &serialize_header_op);
+  m.def(
+      "serialize_file(Tensor[] data, str[] names, str[] dtypes, int[] ranks, int[] dims, "
+      "str file, str[] metadata_keys, str[] metadata_values, bool has_metadata) -> ()",
+      &serialize_file_op);
+  m.def(
+      "parse_header_bytes(Tensor head, int total_size, str label) -> (str[], str[], int[], int[], "
+      "int[], int[], bool, str[], str[], int)",
+      &parse_header_bytes_op);
   m.class_<LoaderHolder>("Loader")
       .def(
           torch::init<std::vector<std::string>, c10::Device, bool,

@@ -28,11 +28,12 @@ uint64_t expected_bytes(const WriterTensor& t, const std::string& path) {
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::vector<WriterTensor>& tensors,
-                       const std::map<std::string, std::string>* metadata) {
-  std::vector<const WriterTensor*> order;
+SerializedHeader serialize_header(const std::string& path, const std::vector<WriterTensor>& tensors,
+                                  const std::map<std::string, std::string>* metadata) {
+  std::vector<size_t> order;
   std::set<std::string> names;
-  for (const auto& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const WriterTensor& t = tensors[i];
     if (t.name == "__metadata__") {
       throw Error(ErrorKind::Argument, path, t.name, "the name is reserved for file metadata");
     }
@@ -43,12 +44,14 @@ void write_safetensors(const std::string& path, const std::vector<WriterTensor>&
       throw Error(ErrorKind::Argument, path, t.name,
                   "byte count " + std::to_string(t.nbytes) + " does not match shape x dtype");
     }
-    order.push_back(&t);
+    order.push_back(i);
   }
-  std::sort(order.begin(), order.end(), [](const WriterTensor* a, const WriterTensor* b) {
-    int ra = dtype_writer_rank(a->dtype), rb = dtype_writer_rank(b->dtype);
+  std::sort(order.begin(), order.end(), [&tensors](size_t i, size_t j) {
+    const WriterTensor& a = tensors[i];
+    const WriterTensor& b = tensors[j];
+    int ra = dtype_writer_rank(a.dtype), rb = dtype_writer_rank(b.dtype);
     if (ra != rb) return ra > rb;
-    return a->name < b->name;
+    return a.name < b.name;
   });
 
   // Insertion-ordered, as the reference writer emits it: metadata first, then data order.
@@ -58,13 +61,14 @@ void write_safetensors(const std::string& path, const std::vector<WriterTensor>&
     for (const auto& [key, value] : *metadata) header["__metadata__"][key] = value;
   }
   uint64_t offset = 0;
-  for (const WriterTensor* t : order) {
+  for (size_t i : order) {
+    const WriterTensor& t = tensors[i];
     nlohmann::ordered_json info = nlohmann::ordered_json::object();
-    info["dtype"] = dtype_name(t->dtype);
-    info["shape"] = t->shape;
-    info["data_offsets"] = {offset, offset + t->nbytes};
-    header[t->name] = std::move(info);
-    offset += t->nbytes;
+    info["dtype"] = dtype_name(t.dtype);
+    info["shape"] = t.shape;
+    info["data_offsets"] = {offset, offset + t.nbytes};
+    header[t.name] = std::move(info);
+    offset += t.nbytes;
   }
   std::string text;
   try {
@@ -73,6 +77,13 @@ void write_safetensors(const std::string& path, const std::vector<WriterTensor>&
     throw Error(ErrorKind::Argument, path, "", std::string("header not encodable: ") + e.what());
   }
   text.append((8 - text.size() % 8) % 8, ' ');
+  return {std::move(text), std::move(order)};
+}
+
+void write_safetensors(const std::string& path, const std::vector<WriterTensor>& tensors,
+                       const std::map<std::string, std::string>* metadata) {
+  SerializedHeader header = serialize_header(path, tensors, metadata);
+  const std::string& text = header.json;
   uint8_t prefix[8];
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<uint8_t>(n >> (8 * i));
@@ -80,7 +91,7 @@ void write_safetensors(const std::string& path, const std::vector<WriterTensor>&
   DurableFile file(path);
   file.write(prefix, 8);
   file.write(text.data(), text.size());
-  for (const WriterTensor* t : order) file.write(t->data, t->nbytes);
+  for (size_t i : header.order) file.write(tensors[i].data, tensors[i].nbytes);
   file.commit();
 }
 

@@ -1,8 +1,9 @@
 """instanttensor: safetensors checkpoints into torch tensors at the speed of the storage.
 
 A drop-in for the upstream InstantTensor API (which vLLM's `--load-format instanttensor`
-imports) and for `safetensors.torch`, on a C++ engine registered as `torch.ops.instanttensor.*`
-and `torch.classes.instanttensor.Loader`.
+imports) and for safetensors (`instanttensor`, `instanttensor.torch` and `instanttensor.numpy`
+carry the public names of `safetensors`, `safetensors.torch` and `safetensors.numpy`), on a C++
+engine registered as `torch.ops.instanttensor.*` and `torch.classes.instanttensor.Loader`.
 """
 
 from ._library import load_library
@@ -11,8 +12,10 @@ load_library()
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from ._backends import Backend, BackendPolicy  # noqa: E402
+from ._errors import SafetensorError  # noqa: E402
 from ._files import load_file, load_into, save_file  # noqa: E402
-from ._safe_open import LoadIntoResult, SafeSlice, safe_open  # noqa: E402
+from ._safe_open import LoadIntoResult, SafeSlice, _safe_open_handle, safe_open  # noqa: E402
+from ._serialize import TensorSpec, deserialize, serialize, serialize_file  # noqa: E402
 
 # Upstream InstantTensor's API level (0.2.2), built on libtorch; setup.py carries the same version.
 __version__ = "0.2.2+libtorch"
@@ -20,5 +23,6 @@ UPSTREAM_API_LEVEL = "0.2.2"
 
 __all__ = [
     "safe_open", "Backend", "BackendPolicy", "SafeSlice", "LoadIntoResult", "load_file",
-    "load_into", "save_file", "__version__", "UPSTREAM_API_LEVEL",
+    "load_into", "save_file", "SafetensorError", "TensorSpec", "serialize", "serialize_file",
+    "deserialize", "__version__", "UPSTREAM_API_LEVEL",
 ]

@@ -29,3 +29,13 @@ def torch_dtype(name: str) -> torch.dtype:
 def format_name(dtype: torch.dtype) -> str:
     """The safetensors name ('BF16') of a torch dtype."""
     return torch_to_format()[str(dtype).removeprefix("torch.")]
+
+
+@functools.cache
+def _format_to_torch() -> dict[str, str]:
+    return {format_code: torch_name for torch_name, format_code in torch_to_format().items()}
+
+
+def torch_dtype_of_format(code: str) -> torch.dtype:
+    """The torch dtype of a safetensors name ('BF16' -> torch.bfloat16)."""
+    return getattr(torch, _format_to_torch()[code])

@@ -1,7 +1,9 @@
 """Maps the engine's error kinds onto the Python exceptions users expect.
 
 torch.ops turns every C++ exception into RuntimeError; the engine's messages start with
-"[instanttensor:<kind>]", which names the Python type to raise.
+"[instanttensor:<kind>]", which names the Python type to raise. Every error raised this way is
+both the built-in type (FileNotFoundError, ValueError, KeyError, ...) and `SafetensorError`, the
+reference reader's exception, so `except ValueError` and `except SafetensorError` both catch it.
 """
 
 from __future__ import annotations
@@ -10,13 +12,35 @@ import contextlib
 import re
 from typing import Iterator
 
+
+class SafetensorError(Exception):
+    """The reference reader's exception (`safetensors.SafetensorError`); every error the package
+    raises for a file, a tensor or an argument is one, and also the built-in type it names."""
+
+
+def _both(builtin: type[BaseException]) -> type[SafetensorError]:
+    """The class that is SafetensorError and `builtin` at once, e.g. SafetensorValueError."""
+    name = "Safetensor" + builtin.__name__
+    return type(name, (SafetensorError, builtin), {"__module__": __name__, "__doc__":
+                f"SafetensorError that is also a {builtin.__name__}."})
+
+
+SafetensorFileNotFoundError = _both(FileNotFoundError)
+SafetensorPermissionError = _both(PermissionError)
+SafetensorOSError = _both(OSError)
+SafetensorValueError = _both(ValueError)
+SafetensorKeyError = _both(KeyError)
+SafetensorTypeError = _both(TypeError)
+SafetensorIndexError = _both(IndexError)
+SafetensorRuntimeError = _both(RuntimeError)
+
 _KIND_TO_TYPE: dict[str, type[Exception]] = {
-    "not_found": FileNotFoundError,
-    "permission": PermissionError,
-    "io": OSError,
-    "format": ValueError,
-    "argument": ValueError,
-    "key": KeyError,
+    "not_found": SafetensorFileNotFoundError,
+    "permission": SafetensorPermissionError,
+    "io": SafetensorOSError,
+    "format": SafetensorValueError,
+    "argument": SafetensorValueError,
+    "key": SafetensorKeyError,
 }
 _PATTERN = re.compile(r"\[instanttensor:(\w+)\][^\n]*")
 
@@ -26,7 +50,7 @@ def translate_error(error: BaseException) -> BaseException:
     match = _PATTERN.search(str(error))
     if not isinstance(error, RuntimeError) or match is None:
         return error
-    return _KIND_TO_TYPE.get(match.group(1), RuntimeError)(match.group(0))
+    return _KIND_TO_TYPE.get(match.group(1), SafetensorRuntimeError)(match.group(0))
 
 
 @contextlib.contextmanager

@@ -65,12 +65,51 @@ def _load_tensors_fake(files: list[str], names: list[str], device: torch.device)
     return [torch.empty(shape, dtype=torch_dtype(dtype), device=device) for dtype, shape in specs]
 
 
+def _eager_call_with_meta_tensors(tensors) -> bool:
+    """Whether a Meta-dispatched call came from eager code holding real meta tensors rather than
+    from tracing (FakeTensors under a fake mode). A fake kernel is registered as the Meta kernel,
+    so eager calls with a meta tensor reach it too; for an operator with effects, returning there
+    would be a silent no-op (save_file writing nothing, load_into_ filling nothing)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not any(is_fake(t) for t in tensors)
+
+
+def _real_kernel(op, *args) -> None:
+    """Runs the operator's real (CPU) kernel, which refuses meta tensors with an error naming the
+    file and the tensor, before anything is written."""
+    with engine_errors():
+        op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args)
+
+
 @_register_fake("instanttensor::save_file")
 def _save_file_fake(tensors, names, file, metadata_keys, metadata_values, has_metadata) -> None:
+    if _eager_call_with_meta_tensors(tensors):
+        _real_kernel(torch.ops.instanttensor.save_file.default, tensors, names, file,
+                     metadata_keys, metadata_values, has_metadata)
+        raise AssertionError("save_file accepted a meta tensor")  # the kernel always refuses
     return None
 
 
 @_register_fake("instanttensor::load_into_")
 def _load_into_fake(destinations, files, names) -> None:
     # Mutates its destinations in place: nothing to create, shapes and dtypes are theirs.
+    if _eager_call_with_meta_tensors(destinations):
+        _real_kernel(torch.ops.instanttensor.load_into_.default, destinations, files, names)
+        raise AssertionError("load_into_ filled a meta tensor")  # the kernel always refuses
     return None
+
+
+def _register_effects() -> None:
+    """save_file and serialize_file return nothing and mutate no argument: torch.compile's dead
+    code elimination would drop them, a silent no-op. An ordered effect keeps each call, in
+    program order. A torch without effect registration traces them as before."""
+    register = getattr(_LIBRARY, "_register_effectful_op", None)
+    effects = getattr(getattr(torch._library, "effects", None), "EffectType", None)
+    if register is None or effects is None:
+        return
+    for qualname in ("instanttensor::save_file", "instanttensor::serialize_file"):
+        register(qualname, effects.ORDERED)
+
+
+_register_effects()

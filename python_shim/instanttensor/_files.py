@@ -8,15 +8,18 @@ from typing import Any, Mapping, Sequence, Union
 import torch
 
 from ._device import DeviceLike
-from ._errors import engine_errors
+from ._errors import (SafetensorRuntimeError, SafetensorTypeError, SafetensorValueError,
+                      engine_errors)
 from ._safe_open import LoadIntoResult, safe_open
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def load_file(filename: PathLike, device: DeviceLike = "cpu") -> dict[str, torch.Tensor]:
-    """Every tensor of `filename` as an owned tensor on `device`, in storage order."""
-    with safe_open(filename, framework="pt", device=device) as f:
+def load_file(filename: PathLike, device: DeviceLike = "cpu", *,
+              backend: Any = None) -> dict[str, torch.Tensor]:
+    """Every tensor of `filename` as an owned tensor on `device`, in storage order
+    (safetensors.torch.load_file; `backend` as safe_open's, e.g. "mmap" or "pread")."""
+    with safe_open(filename, framework="pt", device=device, backend=backend) as f:
         return f._all_tensors()
 
 
@@ -29,6 +32,62 @@ def load_into(destinations: Mapping[str, torch.Tensor], filename: PathLike | Seq
     """
     with safe_open(filename, framework="pt", **options) as f:
         return f.load_into(destinations, strict=strict)
+
+
+def check_tensors_to_save(tensors: Any) -> None:
+    """safetensors.torch's refusals, in its order and with its messages (callers match them):
+    ValueError for a non-dict, a non-tensor value, sparse tensors and non-contiguous tensors,
+    RuntimeError for tensors sharing memory and for meta tensors (no bytes to write), TypeError
+    for a non-str name. Each is also a SafetensorError."""
+    if not isinstance(tensors, dict):
+        raise SafetensorValueError(
+            f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    sparse = []
+    for name, tensor in tensors.items():
+        if not isinstance(name, str):
+            raise SafetensorTypeError(f"tensor names must be str, got {name!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise SafetensorValueError(
+                f"Key `{name}` is invalid, expected torch.Tensor but received {type(tensor)}")
+        if tensor.layout != torch.strided:
+            sparse.append(name)
+    if sparse:
+        raise SafetensorValueError(
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does not "
+            "support. You can make it a dense tensor before saving with `.to_dense()` but be "
+            "aware this might make a much larger file than needed.")
+    shared = _shared_groups(tensors)
+    if shared:
+        raise SafetensorRuntimeError(
+            f"Some tensors share memory, this will lead to duplicate memory on disk and potential "
+            f"differences when loading them again: {shared}. A potential way to correctly save "
+            "your model is to use `save_model` (instanttensor.torch.save_model), or clone them.")
+    for name, tensor in tensors.items():
+        if not tensor.is_contiguous():
+            raise SafetensorValueError(
+                f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. "
+                "Call `.contiguous()` on it before saving.")
+        if tensor.is_meta:
+            raise SafetensorRuntimeError(
+                f"Cannot copy out of meta tensor `{name}`: it has no data to save; nothing was "
+                "written")
+
+
+def check_metadata(metadata: Any) -> tuple[list[str], list[str]]:
+    """(keys, values) of str -> str metadata; TypeError (also SafetensorError) otherwise."""
+    if metadata is None:
+        return [], []
+    if not isinstance(metadata, Mapping):
+        raise SafetensorTypeError(f"metadata must be a dict of str -> str, not "
+                                  f"{type(metadata).__name__}")
+    keys: list[str] = []
+    values: list[str] = []
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SafetensorTypeError(f"metadata must map str to str, got {key!r}: {value!r}")
+        keys.append(key)
+        values.append(value)
+    return keys, values
 
 
 def _shared_groups(tensors: dict[str, torch.Tensor]) -> list[list[str]]:
@@ -44,39 +103,12 @@ def save_file(
     filename: PathLike,
     metadata: dict[str, str] | None = None,
 ) -> None:
-    """Writes `tensors` to `filename` as safetensors (readable by the reference reader).
-
-    Refuses, as safetensors does: non-tensors and non-contiguous tensors (ValueError), tensors
-    sharing memory (RuntimeError), non-string metadata (ValueError).
-    """
-    if not isinstance(tensors, dict):
-        raise ValueError(f"tensors must be a dict of str -> Tensor, not {type(tensors).__name__}")
-    for name, tensor in tensors.items():
-        if not isinstance(name, str):
-            raise ValueError(f"tensor names must be strings, got {name!r}")
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"{name!r} is a {type(tensor).__name__}, not a torch.Tensor")
-        if tensor.layout != torch.strided:
-            raise ValueError(f"{name!r} has layout {tensor.layout}; only dense tensors are saved")
-        if not tensor.is_contiguous():
-            raise ValueError(
-                f"You are trying to save a non contiguous tensor: {name!r}; "
-                "call .contiguous() before saving"
-            )
-    shared = _shared_groups(tensors)
-    if shared:
-        raise RuntimeError(
-            f"Some tensors share memory, this will lead to duplicate memory on disk: {shared}; "
-            "clone them before saving"
-        )
-    keys: list[str] = []
-    values: list[str] = []
-    if metadata is not None:
-        for key, value in metadata.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise ValueError(f"metadata must map str to str, got {key!r}: {value!r}")
-            keys.append(key)
-            values.append(value)
+    """Writes `tensors` to `filename` as safetensors, byte-identical to safetensors.torch's
+    save_file, durably: a temporary file, fsynced, renamed over the name, so a failure or a
+    refusal (check_tensors_to_save) leaves the old file intact. Tensors on any device are copied
+    to the host while writing."""
+    check_tensors_to_save(tensors)
+    keys, values = check_metadata(metadata)
     names = list(tensors)
     with engine_errors():
         torch.ops.instanttensor.save_file(

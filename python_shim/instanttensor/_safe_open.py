@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
@@ -11,8 +12,11 @@ import torch
 from ._device import DeviceLike, free_memory_share, resolve_target, to_device
 from ._dtypes import format_name, torch_dtype
 from ._backends import backend_argument
-from ._errors import engine_errors, translate_error
+from ._errors import (SafetensorFileNotFoundError, SafetensorIndexError, SafetensorValueError,
+                      engine_errors, translate_error)
+from ._frameworks import as_framework, framework_of
 from ._selection import Selection
+from ._slicing import checked_index
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -78,26 +82,39 @@ class SafeSlice:
     def get_dtype(self) -> str:
         return format_name(self._dtype)
 
-    def __getitem__(self, index: Any) -> torch.Tensor:
-        if not isinstance(index, tuple):
+    def __getitem__(self, index: Any) -> Any:
+        """The indexed part, reading only the rows of dimension 0 the index touches. As the
+        reference: framework="pt" follows torch's indexing rules; framework="np" follows the
+        reference's own (_slicing.py: a slice past its dimension is a SafetensorError, not
+        clamped)."""
+        return as_framework(self._index(index), self._owner._framework, self._name)
+
+    def _index(self, index: Any) -> torch.Tensor:
+        owner = self._owner
+        if owner._meta:
+            return owner._tensor(self._name)[index]
+        if owner._framework == "np":
+            index = checked_index(index, list(self._shape))
+        elif not isinstance(index, tuple):
             index = (index,)
         if len(self._shape) == 0 or not index or index[0] is Ellipsis:
-            return self._owner.get_tensor(self._name)[index]
+            return owner._tensor(self._name)[index]
         first, rest = index[0], index[1:]
         rows = self._shape[0]
         if isinstance(first, int) and not isinstance(first, bool):
             position = first + rows if first < 0 else first
             if not 0 <= position < rows:
-                raise IndexError(f"index {first} is out of bounds for dimension 0 of size {rows}")
-            return self._owner._rows(self._name, position, position + 1)[(0,) + rest]
+                raise SafetensorIndexError(
+                    f"index {first} is out of bounds for dimension 0 of size {rows}")
+            return owner._rows(self._name, position, position + 1)[(0,) + rest]
         if isinstance(first, slice):
             start, stop, step = first.indices(rows)
             if step > 0:
                 stop = max(start, stop)
                 last = start + ((stop - start - 1) // step) * step + 1 if stop > start else start
-                block = self._owner._rows(self._name, start, last)
+                block = owner._rows(self._name, start, last)
                 return block[(slice(None, None, step),) + rest]
-        return self._owner.get_tensor(self._name)[index]
+        return owner._tensor(self._name)[index]
 
 
 class safe_open:  # noqa: N801 - the name both peer APIs use
@@ -156,12 +173,28 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         _force_staging: bool = False,
     ) -> None:
         self._handle = None
-        if framework not in ("pt", "torch"):
-            raise ValueError(f"framework={framework!r} is not supported; use 'pt'")
+        self._closed = False
+        self._framework = framework_of(framework)
         free_share = free_memory_share(max_free_mem_usage)  # validated for every target
         self._selection = Selection(keys, tensor_filter, tensor_name_match_mode)  # before I/O
         self._files = _paths(filename)  # a new list: the caller's is never sorted in place
-        self._device, device_budget = resolve_target(to_device(device), device, free_share)
+        target = to_device(device)
+        if self._framework == "np" and target.type != "cpu":
+            raise SafetensorValueError(f"Device {device} is not supported for framework "
+                                       f"{framework}: numpy arrays live on the CPU")
+        # device="meta": shapes only, nothing read. An accelerator this torch cannot reach opens
+        # (names, metadata and slices' shapes work) and raises when a tensor is asked, as the
+        # reference's lazy device does.
+        self._meta = target.type == "meta"
+        self._device_error: ValueError | None = None
+        device_budget = None
+        if self._meta:
+            self._device = torch.device("cpu")
+        else:
+            try:
+                self._device, device_budget = resolve_target(target, device, free_share)
+            except ValueError as error:
+                self._device, self._device_error = torch.device("cpu"), error
         self.copy: bool = bool(copy)
         self.load_now = load_now
         # The engine's arguments but the selection, which may read the headers: at open.
@@ -184,6 +217,11 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         # load_now=False (upstream): files are opened and validated at __enter__ or first use.
 
     def _open(self, stacklevel: int = 2) -> None:
+        for path in self._files:  # the reference's words, which callers match
+            if not os.path.lexists(path):
+                missing = SafetensorFileNotFoundError(f"No such file or directory: {path}")
+                missing.errno = errno.ENOENT
+                raise missing
         keys = self._selection.keys_of(self._files)
         with engine_errors():
             handle = torch.classes.instanttensor.Loader(self._files, self._device, keys=keys,
@@ -193,12 +231,21 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         self._handle = handle
 
     def _engine(self) -> Any:
-        """The open engine handle, opening now if load_now=False deferred it."""
+        """The open engine handle, opening now if load_now=False deferred it; SafetensorError
+        (also ValueError) once the handle is closed."""
+        if self._closed:
+            raise SafetensorValueError(f"File is closed: safe_open({self._files[0]!r}, ...)")
         if self._handle is None:
-            if self._open_arguments is None:
-                raise ValueError(f"safe_open({self._files[0]!r}, ...) is closed")
             self._open(stacklevel=3)
         return self._handle
+
+    def _data_engine(self) -> Any:
+        """The engine, for a call that moves tensor bytes: also raises the target's error when
+        the device was not reachable at open."""
+        engine = self._engine()
+        if self._device_error is not None:
+            raise self._device_error
+        return engine
 
     # Read on demand: each call into the engine costs microseconds that add up over many opens.
     @property
@@ -227,12 +274,12 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         self.close()
 
     def close(self) -> None:
-        """Releases threads, fds and buffers; borrowed tensors still referenced are copied out."""
+        """Releases threads, fds and buffers; borrowed tensors still referenced are copied out.
+        Every method but stats() then raises "File is closed"; closing again does nothing."""
+        self._closed = True
         if self._handle is not None:
             with engine_errors():
                 self._handle.close()
-        else:  # never opened (load_now=False): nothing to release, and nothing to open later
-            self._open_arguments = None
 
     # -- names and metadata ----------------------------------------------------------------
     def keys(self) -> list[str]:
@@ -261,8 +308,11 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     # -- data ------------------------------------------------------------------------------
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) in storage order; every call starts a new pass."""
+        if self._meta or self._framework != "pt":
+            yield from self._converted_pass()
+            return
         with engine_errors():
-            self._engine().restart()
+            self._data_engine().restart()
         step = self._engine().next
         while True:
             try:  # not engine_errors(): a context manager per tensor costs more than small reads
@@ -279,23 +329,48 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             yield name, tensor
             del tensor  # the consumer now owns the only reference this frame had
 
+    def _converted_pass(self) -> Iterator[tuple[str, Any]]:
+        """tensors() for meta targets (shapes only) and numpy (owned arrays)."""
+        if self._meta:
+            for name in self.offset_keys():
+                yield name, self._tensor(name)
+            return
+        for name, tensor in self._all_tensors().items():
+            yield name, as_framework(tensor, self._framework, name)
+
     def _all_tensors(self) -> dict[str, torch.Tensor]:
         """Every selected tensor, owned, in storage order (load_file's one pass)."""
+        if self._meta:
+            return {name: self._tensor(name) for name in self.offset_keys()}
         with engine_errors():
-            self._engine().restart()
+            self._data_engine().restart()
             out = {}
             step = self._engine().next
             while (item := step()) is not None:
                 out[item[0]] = item[1]
             return out
 
-    def get_tensor(self, name: str) -> torch.Tensor:
-        """An owned tensor, in any order, any number of times."""
+    def get_tensors(self) -> dict[str, Any]:
+        """Every selected tensor, owned, by name in storage order (the reference's get_tensors;
+        one pipelined pass)."""
+        return {name: as_framework(tensor, self._framework, name)
+                for name, tensor in self._all_tensors().items()}
+
+    def get_tensor(self, name: str) -> Any:
+        """An owned tensor (a numpy array for framework="np"), in any order, any number of
+        times."""
+        return as_framework(self._tensor(name), self._framework, name)
+
+    def _tensor(self, name: str) -> torch.Tensor:
+        if self._meta:
+            dtype, shape = self.get_tensor_metadata(name)
+            return torch.empty(shape, dtype=dtype, device="meta")
         with engine_errors():
-            return self._engine().get_tensor(name)
+            return self._data_engine().get_tensor(name)
 
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy slice object (safetensors API); indexing reads only the needed rows."""
+        self._engine()
         return SafeSlice(self, name)
 
     def load_into(self, destinations: Mapping[str, torch.Tensor], *,
@@ -326,18 +401,20 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
 
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         with engine_errors():
-            return self._engine().get_rows(name, start, stop)
+            return self._data_engine().get_rows(name, start, stop)
 
     def stats(self) -> dict[str, Any]:
         """Counters since open: bytes_read, read_requests, materializations, timings, backend,
-        exchange (whether a process group exchanged bytes, and why)."""
+        exchange (whether a process group exchanged bytes, and why). Still answers after
+        close(), with the final counts."""
+        engine = self._handle if self._closed and self._handle is not None else self._engine()
         with engine_errors():
             counters: dict[str, Any] = {
                 k: (int(v) if float(v).is_integer() and not k.endswith("seconds") else v)
-                for k, v in self._engine().stats().items()
+                for k, v in engine.stats().items()
             }
-            counters["backend"] = self._engine().backend()
-            counters["exchange"] = self._engine().exchange()
+            counters["backend"] = engine.backend()
+            counters["exchange"] = engine.exchange()
         return counters
 
     def __del__(self) -> None:
@@ -347,3 +424,15 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
                 handle.close()
             except Exception:  # noqa: BLE001 - nothing to report to from a finalizer
                 pass
+
+
+def _safe_open_handle(f: Any, framework: str, device: DeviceLike = "cpu", *,
+                      backend: Any = None) -> safe_open:
+    """safetensors' `_safe_open_handle`: a safe_open over the file behind an open file object
+    (a built-in file, an fsspec local file, ...), which must have `fileno()` and a path `name`."""
+    name = getattr(f, "name", None)
+    if not hasattr(f, "fileno") or not isinstance(name, (str, os.PathLike)):
+        raise SafetensorValueError(
+            f"_safe_open_handle needs an open local file with a fileno() and a path name, got "
+            f"{type(f).__name__}")
+    return safe_open(os.fspath(name), framework=framework, device=device, backend=backend)

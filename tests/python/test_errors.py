@@ -65,8 +65,10 @@ CHILD = textwrap.dedent("""
                 for name, tensor in f.tensors():
                     pass
             results[label] = ["no error", ""]
-        except Exception as error:  # what a user sees
-            results[label] = [type(error).__name__, str(error)]
+        except Exception as error:  # what a user sees: the built-in type, and SafetensorError
+            builtin = next(t for t in type(error).__mro__ if t.__module__ == "builtins")
+            assert isinstance(error, instanttensor.SafetensorError), type(error)
+            results[label] = [builtin.__name__, str(error)]
     print(json.dumps(results))
 """)
 

@@ -1,0 +1,103 @@
+"""get_slice's index rules for framework="np": the reference reader's, checked before any read.
+
+An index is an int, a slice with a positive step, `...`, the empty list, or a tuple of those.
+Unlike Python's sequences, a slice reaching past its dimension is an error (the reference's
+"index N out of bounds for tensor dimension #D of size S"), never clamped. One extension:
+negative slice bounds count from the end, as negative ints do (the reference cannot convert
+them and raises OverflowError).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, NamedTuple, Optional, Union
+
+from ._errors import SafetensorIndexError, SafetensorValueError
+
+
+class _Narrow(NamedTuple):
+    start: Optional[int]  # None: from 0
+    stop: Optional[int]  # None: to the dimension's end
+    step: int
+
+    def __str__(self) -> str:
+        bounds = f"{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}"
+        return bounds if self.step == 1 else f"{bounds}:{self.step}"
+
+
+_Indexer = Union[int, _Narrow]
+
+
+def _resolved(value: int, dim_index: int, dim: int) -> int:
+    if value >= 0:
+        return value
+    if dim + value < 0:
+        raise SafetensorIndexError(f"Invalid index {value} for dimension {dim_index} of size {dim}")
+    return dim + value
+
+
+def _bound(value: Any, dim_index: int, dim: int) -> Optional[int]:
+    return None if value is None else _resolved(operator.index(value), dim_index, dim)
+
+
+def _indexers(index: Any, shape: list[int]) -> list[_Indexer]:
+    if isinstance(index, list):
+        if index:
+            raise SafetensorValueError("Non empty lists are not implemented")
+        return [_Narrow(0, 0, 1)]
+    items = list(index) if isinstance(index, tuple) else [index]
+    ellipses = sum(1 for item in items if item is Ellipsis)
+    if ellipses > 1:
+        raise SafetensorValueError("Only one ellipsis (...) is allowed in slice index")
+    expansion = max(0, len(shape) - (len(items) - ellipses))
+    indexers: list[_Indexer] = []
+    for item in items:
+        position = len(indexers)
+        dim = shape[position] if position < len(shape) else 0
+        if item is Ellipsis:
+            indexers.extend(_Narrow(None, None, 1) for _ in range(expansion))
+        elif isinstance(item, slice):
+            step = 1 if item.step is None else operator.index(item.step)
+            if step <= 0:
+                raise SafetensorValueError(f"Slice step must be a positive integer, got {step}")
+            indexers.append(_Narrow(_bound(item.start, position, dim),
+                                    _bound(item.stop, position, dim), step))
+        elif not isinstance(item, bool) and hasattr(item, "__index__"):
+            indexers.append(_resolved(operator.index(item), position, dim))
+        else:
+            raise SafetensorValueError(f"Unsupported slice index at position {position}: "
+                                       "expected slice, int, or ellipsis")
+    return indexers
+
+
+def checked_index(index: Any, shape: list[int]) -> tuple:
+    """`index` as a tuple of non-negative ints and slices with concrete, in-range bounds (the
+    shape of the result is then Python's), or SafetensorError (also IndexError or ValueError) in
+    the reference's words, naming the index and the shape."""
+    indexers = _indexers(index, shape)
+    shown = "[" + ", ".join(str(i) for i in indexers) + "]"
+    if len(indexers) > len(shape):
+        raise SafetensorIndexError(f"Error during slicing {shown} with shape {shape}: more "
+                                   "slicing indexes than dimensions in tensor")
+    # The reference checks from the last dimension to the first and reports the first failure.
+    for position in reversed(range(len(indexers))):
+        dim, indexer = shape[position], indexers[position]
+        if isinstance(indexer, int):
+            start, stop = indexer, indexer + 1
+        else:
+            start = 0 if indexer.start is None else indexer.start
+            stop = dim if indexer.stop is None else indexer.stop
+        if start >= dim or stop > dim:
+            asked = start if start >= dim else stop - 1
+            raise SafetensorIndexError(
+                f"Error during slicing {shown} with shape {shape}: index {asked} out of bounds "
+                f"for tensor dimension #{position} of size {dim}")
+    out: list[Any] = []
+    for position, indexer in enumerate(indexers):
+        if isinstance(indexer, int):
+            out.append(indexer)
+        else:
+            start = 0 if indexer.start is None else indexer.start
+            stop = shape[position] if indexer.stop is None else indexer.stop
+            out.append(slice(start, max(start, stop), indexer.step))
+    return tuple(out)

@@ -1,0 +1,78 @@
+"""The safetensors.numpy face: `save`, `save_file`, `load`, `load_file` with numpy arrays.
+
+    from instanttensor.numpy import load_file, save_file   # was: from safetensors.numpy import ...
+
+Arrays are written little-endian whatever their byte order; loading hands out arrays that own
+their bytes. Element types are numpy's: bool, (u)int8-64, float16/32/64 and complex64.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+
+from ._errors import SafetensorTypeError, SafetensorValueError
+from ._safe_open import safe_open
+from ._serialize import TensorSpec, deserialize, parse_buffer, serialize, serialize_file  # noqa: F401
+
+__all__ = ["load", "load_file", "save", "save_file"]
+
+# Format codes -> numpy types: the ones numpy can hold (the reference's table).
+_TYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "U64": np.uint64,
+    "I32": np.int32, "U32": np.uint32, "I16": np.int16, "U16": np.uint16, "I8": np.int8,
+    "U8": np.uint8, "BOOL": np.bool_, "C64": np.complex64,
+}
+
+
+def _specs(tensor_dict: Dict[str, np.ndarray], keep_alive: List[Any]) -> Dict[str, TensorSpec]:
+    """TensorSpecs over little-endian, contiguous forms of the arrays (kept in `keep_alive`)."""
+    if not isinstance(tensor_dict, dict):
+        raise SafetensorValueError(
+            f"Expected a dict of [str, np.ndarray] but received {type(tensor_dict)}")
+    specs = {}
+    for name, array in tensor_dict.items():
+        if not isinstance(array, np.ndarray):
+            raise SafetensorValueError(
+                f"Key `{name}` is invalid, expected np.ndarray but received {type(array)}")
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        array = np.ascontiguousarray(array)
+        keep_alive.append(array)
+        specs[name] = TensorSpec(dtype=array.dtype.name, shape=list(array.shape),
+                                 data_ptr=array.ctypes.data, data_len=array.nbytes)
+    return specs
+
+
+def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding the arrays (the reference's layout)."""
+    keep_alive: List[Any] = []
+    return serialize(_specs(tensor_dict, keep_alive), metadata=metadata)
+
+
+def save_file(tensor_dict: Dict[str, np.ndarray], filename: Union[str, os.PathLike],
+              metadata: Optional[Dict[str, str]] = None) -> None:
+    """Writes the arrays to `filename`, durably (the old file stays intact on failure)."""
+    keep_alive: List[Any] = []
+    serialize_file(_specs(tensor_dict, keep_alive), filename, metadata=metadata)
+
+
+def load(data: bytes) -> Dict[str, np.ndarray]:
+    """Every array of an in-memory safetensors file, each owning a copy of its bytes."""
+    parsed = parse_buffer(data)
+    result = {}
+    for name, dtype_code, shape, begin, end in parsed.entries:
+        if dtype_code not in _TYPES:
+            raise SafetensorTypeError(
+                f"tensor {name!r} has dtype {dtype_code}, which numpy has no type for")
+        result[name] = np.frombuffer(bytearray(parsed.view[begin:end]),
+                                     dtype=_TYPES[dtype_code]).reshape(shape)
+    return result
+
+
+def load_file(filename: Union[str, os.PathLike], *, backend: Any = None) -> Dict[str, np.ndarray]:
+    """Every array of `filename` (owned), through the engine; `backend` as safe_open's."""
+    with safe_open(filename, framework="np", backend=backend) as f:
+        return f.get_tensors()
