@@ -385,6 +385,33 @@ TEST(Writer, ScalarsEmptyUnicodeAndMany) {
   EXPECT_TRUE(found_unicode);
 }
 
+TEST(Writer, SerializedHeaderIsWhatTheFileHoldsAndOrdersByAlignmentThenName) {
+  TempDir dir;
+  std::string two(2, 'h'), four(4, 'f'), eight(8, 'd');
+  std::vector<format::WriterTensor> tensors = {writer_tensor("z_half", Dtype::F16, {1}, two),
+                                               writer_tensor("b_double", Dtype::F64, {1}, eight),
+                                               writer_tensor("a_half", Dtype::F16, {1}, two),
+                                               writer_tensor("c_float", Dtype::F32, {1}, four)};
+  std::map<std::string, std::string> metadata{{"k", "v"}};
+  auto header = format::serialize_header("<memory>", tensors, &metadata);
+  EXPECT_EQ(header.order, (std::vector<size_t>{1, 3, 2, 0}));
+  EXPECT_EQ(header.json.size() % 8, 0u);
+  std::string path = dir.file("h.safetensors");
+  format::write_safetensors(path, tensors, &metadata);
+  std::string file = testing::read_bytes(path);
+  ASSERT_GE(file.size(), 8 + header.json.size());
+  EXPECT_EQ(file.substr(8, header.json.size()), header.json);
+  EXPECT_EQ(file.substr(8 + header.json.size()), eight + four + two + two);
+  // Refusals name the label where nothing is written.
+  try {
+    format::serialize_header("<memory>", {writer_tensor("w", Dtype::F32, {3}, four)}, nullptr);
+    ADD_FAILURE() << "a byte count that does not match was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("<memory>"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Writer, RejectsBadInputWithoutLeavingAFile) {
   TempDir dir;
   std::string path = dir.file("bad.safetensors");

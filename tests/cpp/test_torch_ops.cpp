@@ -50,5 +50,23 @@ TEST(TorchOps, LoaderClassThroughTheCustomClassRegistry) {
   }
 }
 
+TEST(SaveFile, AMetaTensorIsRefusedNamedAndTheOldFileStays) {
+  testing::TempDir dir;
+  std::string path = dir.file("keep.safetensors");
+  save_file({{"old", at::ones({3})}}, path);
+  std::string before = testing::read_bytes(path);
+  std::map<std::string, at::Tensor> tensors = {
+      {"a", at::zeros({2})}, {"m", at::empty({4}, at::TensorOptions().device(c10::kMeta))}};
+  try {
+    save_file(tensors, path);
+    ADD_FAILURE() << "a meta tensor was saved";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Argument);
+    EXPECT_NE(std::string(e.what()).find("tensor 'm'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("meta tensor"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(testing::read_bytes(path), before);
+}
+
 }  // namespace
 }  // namespace instanttensor
