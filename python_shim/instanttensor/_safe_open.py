@@ -218,10 +218,14 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
 
     def _open(self, stacklevel: int = 2) -> None:
         for path in self._files:  # the reference's words, which callers match
-            if not os.path.lexists(path):
+            try:
+                os.lstat(path)
+            except FileNotFoundError:
                 missing = SafetensorFileNotFoundError(f"No such file or directory: {path}")
                 missing.errno = errno.ENOENT
-                raise missing
+                raise missing from None
+            except OSError:
+                pass  # not allowed to look (EACCES, ...): the engine's open names it
         keys = self._selection.keys_of(self._files)
         with engine_errors():
             handle = torch.classes.instanttensor.Loader(self._files, self._device, keys=keys,

@@ -96,8 +96,10 @@ def test_a_full_disk_raises_oserror_naming_the_path_and_loses_nothing(old_checkp
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
         try:
             instanttensor.save_file({"w": torch.ones(1 << 20)}, sys.argv[1])  # 4 MiB
-        except OSError as error:
-            print(type(error).__name__, error)
+        except OSError as error:  # the built-in type, and the reference's SafetensorError
+            assert isinstance(error, instanttensor.SafetensorError), type(error)
+            print(next(t for t in type(error).__mro__ if t.__module__ == "builtins").__name__,
+                  error)
         else:
             print("no error")
     """))
