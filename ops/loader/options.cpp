@@ -173,6 +173,13 @@ double free_memory_share(std::optional<double> given) {
 
 ResolvedOptions resolve_options(const OpenOptions& options) {
   ResolvedOptions resolved;
+  // A meta tensor holds no bytes to load into: refused here, in words, rather than failing deep in
+  // the staging path. (The Python layer's device="meta" answers shapes without opening a target.)
+  if (options.device.is_meta()) {
+    bad("device", "meta",
+        "a device with memory (the CPU or an accelerator); for shapes only, "
+        "get_tensor_metadata");
+  }
   resolved.device = options.device;
   resolved.copy = options.copy;
   resolved.keys = options.keys;

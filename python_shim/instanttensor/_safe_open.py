@@ -52,6 +52,10 @@ def _boxed_group(process_group: Any) -> Any:
     return process_group.boxed()
 
 
+# Device types the reference accepts by name that torch parses only with their extension loaded.
+_EXTENSION_DEVICES = ("npu", "mlu", "musa")
+
+
 class LoadIntoResult(NamedTuple):
     """What load_into(strict=False) left unfilled, as Module.load_state_dict reports it."""
 
@@ -178,17 +182,26 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         free_share = free_memory_share(max_free_mem_usage)  # validated for every target
         self._selection = Selection(keys, tensor_filter, tensor_name_match_mode)  # before I/O
         self._files = _paths(filename)  # a new list: the caller's is never sorted in place
-        target = to_device(device)
-        if self._framework == "np" and target.type != "cpu":
+        try:
+            target = to_device(device)
+        except ValueError as error:
+            # Devices the reference names though torch knows them only once their extension is
+            # loaded (npu, mlu, musa): as absent accelerators, they fail at the first tensor.
+            if not (isinstance(device, str) and device.split(":")[0] in _EXTENSION_DEVICES):
+                raise
+            target, unknown_device = torch.device("cpu"), error
+        else:
+            unknown_device = None
+        if self._framework == "np" and (target.type != "cpu" or unknown_device):
             raise SafetensorValueError(f"Device {device} is not supported for framework "
                                        f"{framework}: numpy arrays live on the CPU")
         # device="meta": shapes only, nothing read. An accelerator this torch cannot reach opens
         # (names, metadata and slices' shapes work) and raises when a tensor is asked, as the
         # reference's lazy device does.
         self._meta = target.type == "meta"
-        self._device_error: ValueError | None = None
+        self._device_error: ValueError | None = unknown_device
         device_budget = None
-        if self._meta:
+        if self._meta or unknown_device:
             self._device = torch.device("cpu")
         else:
             try:

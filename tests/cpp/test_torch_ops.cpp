@@ -68,5 +68,19 @@ TEST(SaveFile, AMetaTensorIsRefusedNamedAndTheOldFileStays) {
   EXPECT_EQ(testing::read_bytes(path), before);
 }
 
+TEST(SafeOpenOptions, TheMetaDeviceIsAnArgumentErrorInWords) {
+  testing::TempDir dir;
+  save_file({{"w", at::ones({2})}}, dir.file("m.safetensors"));
+  OpenOptions options;
+  options.device = c10::Device(c10::kMeta);
+  try {
+    SafeOpen opened(dir.file("m.safetensors"), options);
+    ADD_FAILURE() << "opened for the meta device";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Argument);
+    EXPECT_NE(std::string(e.what()).find("device='meta'"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace instanttensor

@@ -295,6 +295,21 @@ def test_get_tensors_and_meta_device(tmp_path):
         assert f.stats()["bytes_read"] == 0
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", 0, "npu:0", "mlu", "musa:0", "xpu"])
+def test_an_absent_device_opens_and_fails_at_the_first_tensor(tmp_path, device):
+    path = tmp_path / "d.safetensors"
+    safetensors.torch.save_file({"a": torch.ones(2, 3)}, path)
+    try:
+        torch.empty(1, device=device)
+        pytest.skip(f"{device} is present here")
+    except (RuntimeError, AssertionError):
+        pass
+    with instanttensor.safe_open(path, device=device) as f:  # lazy, as the reference
+        assert f.keys() == ["a"] and f.get_slice("a").get_shape() == [2, 3]
+        with pytest.raises(ValueError, match="not"):
+            f.get_tensor("a")
+
+
 def test_errors_are_safetensor_errors_and_their_builtin_types(tmp_path):
     path = tmp_path / "e.safetensors"
     safetensors.torch.save_file({"a": torch.ones(2, 2)}, path)
