@@ -8,8 +8,9 @@ namespace instanttensor {
 
 // What went wrong, so that bindings can pick the right exception type (Python maps
 // NotFound -> FileNotFoundError, Permission -> PermissionError, Io -> OSError, Format and
-// Argument -> ValueError, Key -> KeyError).
-enum class ErrorKind { NotFound, Permission, Io, Format, Argument, Key };
+// Argument -> ValueError, Key -> KeyError, Internal -> RuntimeError). Internal is a broken
+// invariant of the library itself (a bug to report), never a property of the file or the disk.
+enum class ErrorKind { NotFound, Permission, Io, Format, Argument, Key, Internal };
 
 // Stable lower-case name of a kind; it appears in every message as "[instanttensor:<kind>]".
 const char* error_kind_name(ErrorKind kind) noexcept;

@@ -19,6 +19,8 @@ const char* error_kind_name(ErrorKind kind) noexcept {
       return "argument";
     case ErrorKind::Key:
       return "key";
+    case ErrorKind::Internal:
+      return "internal";
   }
   return "io";
 }

@@ -56,4 +56,10 @@ bool injected_uring_setup_failure() {
   return armed.load() && plan.fail_uring_setup;
 }
 
+int injected_uring_submit_failure() {
+  if (!armed.load(std::memory_order_relaxed)) return 0;
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  return armed.load() ? plan.fail_uring_submit : 0;
+}
+
 }  // namespace instanttensor::io

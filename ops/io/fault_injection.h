@@ -14,6 +14,7 @@ struct FaultPlan {
   int eagain_every = 0;           // every k-th read call fails with EAGAIN first (retried)
   int delay_ms = 0;               // sleep before every read call
   bool fail_uring_setup = false;  // io_uring setup reports EPERM, as under a seccomp filter
+  int fail_uring_submit = 0;      // every io_uring submit reports this errno; 0: never
 };
 
 // Arms `plan` for every read from now on (any thread; process-wide) and resets the call
@@ -25,5 +26,7 @@ void disarm_faults();
 // Returns an errno to report, and may shorten `length` or sleep.
 int injected_fault(uint64_t* length);
 bool injected_uring_setup_failure();
+// The errno an io_uring submit should report instead of submitting, or 0.
+int injected_uring_submit_failure();
 
 }  // namespace instanttensor::io

@@ -136,6 +136,9 @@ class InlineReader final : public ReadBackend {
       : perform_(std::move(perform)) {}
   void submit(const ReadRequest& request) override { done_.push_back(perform_(request)); }
   ReadCompletion wait_completion() override {
+    if (done_.empty()) {  // a broken caller contract: reported, never a pop of an empty queue
+      throw Error(ErrorKind::Internal, "", "", "waiting on the inline reader with no read");
+    }
     ReadCompletion completion = done_.front();
     done_.pop_front();
     return completion;

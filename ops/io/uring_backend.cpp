@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <thread>
 #include <vector>
 
 #include "instanttensor/error.h"
@@ -30,10 +31,14 @@ class UringBackend final : public ReadBackend {
   }
 
   ~UringBackend() override {
-    // Reads still in the kernel write into the owner's buffers: reap them before returning.
+    // Reads still in the kernel write into the owner's buffers: reap them before returning (a
+    // signal interrupting the wait is no reason to stop). Entries prepared but never submitted
+    // reach no buffer.
     while (in_kernel_ > 0) {
       io_uring_cqe* cqe = nullptr;
-      if (io_uring_wait_cqe(&ring_, &cqe) < 0) break;
+      int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc == -EINTR) continue;
+      if (rc < 0) break;
       io_uring_cqe_seen(&ring_, cqe);
       --in_kernel_;
     }
@@ -48,6 +53,7 @@ class UringBackend final : public ReadBackend {
 
   ReadCompletion wait_completion() override {
     for (;;) {
+      submit_or_throw();
       io_uring_cqe* cqe = nullptr;
       int rc = io_uring_wait_cqe(&ring_, &cqe);
       if (rc == -EINTR) continue;
@@ -67,8 +73,7 @@ class UringBackend final : public ReadBackend {
       --in_kernel_;
       Slot& slot = slots_[index];
       if (result == -EINTR || result == -EAGAIN) {
-        queue_read(index);
-        io_uring_submit(&ring_);
+        queue_read(index);  // submitted at the top of the loop
         continue;
       }
       ReadCompletion done;
@@ -83,9 +88,8 @@ class UringBackend final : public ReadBackend {
       } else {
         slot.done += static_cast<uint64_t>(result);
         finished = slot.done >= slot.request.length;
-        if (!finished) {  // short read: ask for the rest
+        if (!finished) {  // short read: ask for the rest (submitted at the top of the loop)
           queue_read(index);
-          io_uring_submit(&ring_);
           continue;
         }
       }
@@ -108,29 +112,76 @@ class UringBackend final : public ReadBackend {
     std::chrono::steady_clock::time_point start;
   };
 
+  // Prepares the read of slot `index` (submitted by the next try_submit).
   void queue_read(unsigned index) {
     Slot& slot = slots_[index];
+    // One slot per ring entry, so a free sqe always exists for a slot's (re)submission; a
+    // missing one is a broken invariant, reported rather than dereferenced.
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    // One slot per ring entry, so a free sqe always exists for a slot's (re)submission.
+    if (sqe == nullptr) {
+      throw Error(ErrorKind::Internal, "", "", "io_uring has no free submission entry");
+    }
     uint64_t remaining = slot.request.length - slot.done;
     unsigned size = static_cast<unsigned>(remaining > (1u << 30) ? (1u << 30) : remaining);
     io_uring_prep_read(sqe, slot.request.fd, static_cast<char*>(slot.request.dest) + slot.done,
                        size, slot.request.offset + slot.done);
     io_uring_sqe_set_data64(sqe, index);
-    ++in_kernel_;
+    ++prepared_;
   }
 
+  // Hands the prepared entries to the kernel. Returns 0 when all went, or when the kernel asked
+  // to retry (EAGAIN, EBUSY: resources free up as reads complete); else the errno of the failed
+  // submit. Entries a failed submit leaves prepared are tried again by the next call.
+  int try_submit() {
+    while (prepared_ > 0) {
+      int fault = injected_uring_submit_failure();
+      int rc = fault ? -fault : io_uring_submit(&ring_);
+      if (rc > 0) {
+        prepared_ -= static_cast<size_t>(rc);
+        in_kernel_ += static_cast<size_t>(rc);
+      } else if (rc == -EINTR) {
+        continue;
+      } else if (rc == -EAGAIN || rc == -EBUSY) {
+        return 0;
+      } else {
+        return rc < 0 ? -rc : EIO;  // 0 submitted with entries prepared: never progresses
+      }
+    }
+    return 0;
+  }
+
+  // try_submit for a consumer about to wait: a failed submit, or a retried one with no read in
+  // the kernel to wait for after ~1 s of retries, is an Error instead of a wait that never ends.
+  void submit_or_throw() {
+    for (int attempt = 0;; ++attempt) {
+      if (prepared_ == 0 && in_kernel_ == 0) {
+        throw Error(ErrorKind::Internal, "", "", "waiting on io_uring with no read queued");
+      }
+      int error = try_submit();
+      if (error != 0) {
+        throw Error(ErrorKind::Io, "", "",
+                    std::string("io_uring submit failed: ") + std::strerror(error));
+      }
+      if (in_kernel_ > 0) return;
+      if (attempt == 1000) {
+        throw Error(ErrorKind::Io, "", "",
+                    "io_uring submit failed: the kernel kept refusing with nothing in flight");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // Starts backlog reads in free slots. Never throws for a failed submit: wait_completion()
+  // reports it, so a completion already taken off the ring is never lost to it.
   void fill() {
-    bool queued = false;
     while (!backlog_.empty() && !free_slots_.empty()) {
       unsigned index = free_slots_.front();
       free_slots_.pop_front();
       slots_[index] = Slot{backlog_.front(), 0, std::chrono::steady_clock::now()};
       backlog_.pop_front();
       queue_read(index);
-      queued = true;
     }
-    if (queued) io_uring_submit(&ring_);
+    (void)try_submit();
   }
 
   unsigned depth_;
@@ -139,7 +190,8 @@ class UringBackend final : public ReadBackend {
   std::deque<unsigned> free_slots_;
   std::deque<ReadRequest> backlog_;
   size_t in_flight_ = 0;
-  size_t in_kernel_ = 0;
+  size_t prepared_ = 0;   // entries prepared, not yet accepted by a submit
+  size_t in_kernel_ = 0;  // entries submitted whose completion has not been reaped
 };
 
 }  // namespace

@@ -164,8 +164,8 @@ void Loader::check_pass_reads() {
     if (!group) group = feed->group_of(*failed);
   }
   if (!group) {  // a failed read of the pass that no feed is waiting for: never guessed
-    throw Error(ErrorKind::Io, plan_.first_path(), "",
-                "internal: a read of the pass failed that no group is waiting for");
+    throw Error(ErrorKind::Internal, plan_.first_path(), "",
+                "a read of the pass failed that no group is waiting for");
   }
   const auto& first = plan_.first_tensor(*group);
   fail_pass(read_failure_error(*reads_->failure(*failed), plan_.file_of(first), first.name()));
@@ -185,8 +185,8 @@ void Loader::wait_until_landed(size_t g, size_t units) {
       // Every read landed and its copy is queued; the staging ring is full of slices whose
       // copies still run: wait for the oldest, then submit into it.
       if (staging_ && staging_->wait_oldest_copy()) continue;
-      throw Error(ErrorKind::Io, plan_.file_of(plan_.first_tensor(g)), plan_.first_tensor(g).name(),
-                  "internal: waiting for a read that was never submitted");
+      throw Error(ErrorKind::Internal, plan_.file_of(plan_.first_tensor(g)),
+                  plan_.first_tensor(g).name(), "waiting for a read that was never submitted");
     }
     reads_->wait_one();
     check_pass_reads();
@@ -213,8 +213,7 @@ void Loader::make_ready(size_t item, bool wait) {
     // copying out the live one.
     if (!place_group(g, /*force=*/true)) {
       const auto& t = plan_.tensor_of_item(item);
-      throw Error(ErrorKind::Io, plan_.file_of(t), t.name(),
-                  "internal: no room in the borrow buffer");
+      throw Error(ErrorKind::Internal, plan_.file_of(t), t.name(), "no room in the borrow buffer");
     }
     pass_.next_group++;
     submit_placed();  // its read starts before anything else is placed

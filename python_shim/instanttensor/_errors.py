@@ -41,6 +41,7 @@ _KIND_TO_TYPE: dict[str, type[Exception]] = {
     "format": SafetensorValueError,
     "argument": SafetensorValueError,
     "key": SafetensorKeyError,
+    "internal": SafetensorRuntimeError,  # a broken invariant of the library: a bug to report
 }
 _PATTERN = re.compile(r"\[instanttensor:(\w+)\][^\n]*")
 

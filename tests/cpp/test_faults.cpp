@@ -4,6 +4,8 @@
 #include <instanttensor/instanttensor.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include "helper_files.h"
 #include "helper_models.h"
 #include "io/fault_injection.h"
@@ -169,6 +171,43 @@ TEST_F(Faults, IoUringSetupFailureFallsBackToThePreadPool) {
   EXPECT_EQ(backend.rfind("pread", 0), 0u) << backend;
   EXPECT_NE(backend.find("io_uring fallback"), std::string::npos) << backend;
   EXPECT_NE(backend.find("Operation not permitted"), std::string::npos) << backend;
+}
+
+// A submit the kernel refuses used to leave the consumer waiting for a completion of a read that
+// never reached the kernel. Now every refusal is an Error naming the cause, and the loader can
+// be closed and opened again once submits work.
+TEST_F(Faults, IoUringSubmitFailureIsAnErrorNotAHang) {
+  TempDir dir;
+  auto model = write_model(dir);
+  OpenOptions options;
+  options.backend = "uring";
+  options.concurrency = 2;
+  {
+    SafeOpen probe(model.files, options);
+    for (auto& item : probe) (void)item;
+    std::string in_use = probe.stats().backend;
+    if (in_use.rfind("io_uring", 0) != 0) GTEST_SKIP() << "io_uring is not in use here: " << in_use;
+  }
+  for (int error : {EIO, ENOMEM, EAGAIN}) {
+    io::FaultPlan plan;
+    plan.fail_uring_submit = error;
+    io::arm_faults(plan);
+    for (bool copy : {true, false}) {
+      options.copy = copy;
+      SafeOpen f(model.files, options);
+      try {
+        for (auto& item : f) (void)item;
+        ADD_FAILURE() << "no error with every submit failing (" << error << ")";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("io_uring submit failed"), std::string::npos)
+            << e.what();
+      }
+      f.close();
+    }
+    io::disarm_faults();
+    SafeOpen again(model.files, options);
+    for (auto& [name, tensor] : again) EXPECT_TRUE(at::equal(tensor, model.tensors.at(name)));
+  }
 }
 
 TEST_F(Faults, ThousandsOfLoadersGrowNothing) {

@@ -156,6 +156,11 @@ TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {
   ::close(fd);
 }
 
+TEST(InlineReader, WaitingWithNothingSubmittedIsAnError) {
+  auto reader = io::make_inline_reader([](const io::ReadRequest&) { return io::ReadCompletion{}; });
+  EXPECT_THROW(reader->wait_completion(), Error);
+}
+
 TEST(PreadPool, DestructionJoinsWorkersWithRequestsQueued) {
   int threads_before = testing::thread_count();
   TempDir dir;
