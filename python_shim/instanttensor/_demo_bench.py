@@ -183,6 +183,9 @@ def run_table(files: list[str], names: list[str], samples: int, modes: list[str]
             reason = available(n)
             if reason:
                 table[n]["error"] = reason
+        # On a terminal one progress line rewrites itself; in a log each step is its own line
+        # (carriage returns would run the steps together into one line).
+        live = sys.stdout.isatty()
         for round_index in range(samples):
             # Each round starts one contender later: what runs right after a memory-hungry
             # contender pays for the system reclaiming its memory, so no one sits there always.
@@ -191,8 +194,9 @@ def run_table(files: list[str], names: list[str], samples: int, modes: list[str]
                 if "error" in table[n]:
                     continue
                 left = evict(files) if mode == "cold" else warm_up(files)
-                print(f"\r[{mode} {round_index + 1}/{samples}] {n:34s} "
-                      f"(residency before: {left:.2f})", end="", flush=True)
+                step = (f"[{mode} {round_index + 1}/{samples}] {n:34s} "
+                        f"(residency before: {left:.2f})")
+                print("\r" + step if live else step, end="" if live else "\n", flush=True)
                 if mode == "cold" and left > 0.01:
                     table[n]["note"] = f"eviction left {left:.0%} cached"
                 result = sample(n, files)
@@ -200,7 +204,8 @@ def run_table(files: list[str], names: list[str], samples: int, modes: list[str]
                     table[n]["error"] = result["error"]
                 else:
                     table[n]["samples"].append(result)
-        print("\r" + " " * 90 + "\r", end="")
+        if live:
+            print("\r" + " " * 90 + "\r", end="")
         for row in table.values():
             if row["samples"]:
                 row["seconds"] = statistics.median(s["seconds"] for s in row["samples"])
