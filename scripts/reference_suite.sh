@@ -18,5 +18,7 @@ echo "== safetensors' suite on safetensors"
 "$PYTHON" -m pytest -q -p no:cacheprovider --junit-xml="$RESULTS/reference.xml" "${FILES[@]}" || true
 echo "== safetensors' suite on instanttensor"
 PYTHONPATH="$ROOT/tests/reference" "$PYTHON" -m pytest -q -p no:cacheprovider \
-  -p instanttensor_as_safetensors --junit-xml="$RESULTS/instanttensor.xml" "${FILES[@]}"
+  -p instanttensor_as_safetensors --junit-xml="$RESULTS/instanttensor.xml" "${FILES[@]}" || true
+# The verdict: every test that passed on the reference passed on us (a test failing on both, or
+# a run that collected nothing, is judged here, not by pytest's exit status).
 "$PYTHON" "$ROOT/tests/reference/compare_runs.py" "$RESULTS/reference.xml" "$RESULTS/instanttensor.xml"

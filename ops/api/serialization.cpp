@@ -41,6 +41,9 @@ std::vector<format::WriterTensor> describe(const std::vector<std::string>& names
     if (nbytes[i] < 0) throw Error(ErrorKind::Argument, label, names[i], "negative byte count");
     t.nbytes = static_cast<uint64_t>(nbytes[i]);
   }
+  if (next_dim != dims.size()) {
+    throw Error(ErrorKind::Argument, label, "", "serialize: more dimensions than the ranks hold");
+  }
   return tensors;
 }
 

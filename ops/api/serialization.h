@@ -37,7 +37,8 @@ void serialize_file_op(const std::vector<at::Tensor>& data, std::vector<std::str
 // reader's rules. `head` (uint8, CPU, contiguous) holds at least the first min(total_size,
 // 8 + N) bytes. Returns (names, format dtypes, ranks, flat dims, begins, ends) in storage order
 // with offsets relative to the data start, then (has_metadata, metadata keys, values) and the data
-// start. Throws Error(Format) naming `label`. Any thread.
+// start. Throws Error(Format) naming `label` for a header that breaks a rule, Error(Argument) for
+// a `head` that is not CPU bytes or too short to hold the header. Any thread.
 std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<int64_t>,
            std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, bool,
            std::vector<std::string>, std::vector<std::string>, int64_t>

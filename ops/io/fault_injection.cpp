@@ -13,12 +13,14 @@ std::atomic<bool> armed{false};  // the hot path pays one relaxed load when disa
 std::mutex plan_mutex;
 FaultPlan plan;
 int64_t calls = 0;
+int64_t uring_submits = 0;
 }  // namespace
 
 void arm_faults(const FaultPlan& new_plan) {
   std::lock_guard<std::mutex> lock(plan_mutex);
   plan = new_plan;
   calls = 0;
+  uring_submits = 0;
   armed.store(true);
 }
 
@@ -59,7 +61,8 @@ bool injected_uring_setup_failure() {
 int injected_uring_submit_failure() {
   if (!armed.load(std::memory_order_relaxed)) return 0;
   std::lock_guard<std::mutex> lock(plan_mutex);
-  return armed.load() ? plan.fail_uring_submit : 0;
+  if (!armed.load() || plan.fail_uring_submit == 0) return 0;
+  return ++uring_submits > plan.fail_uring_submit_after ? plan.fail_uring_submit : 0;
 }
 
 }  // namespace instanttensor::io

@@ -7,14 +7,15 @@
 namespace instanttensor::io {
 
 struct FaultPlan {
-  int64_t fail_read_number = 0;   // the Nth read call (1-based) fails with fail_errno; 0: never
-  int fail_errno = 5;             // EIO
-  bool short_reads = false;       // every read call transfers at most half of what it asked
-  int eintr_every = 0;            // every k-th read call fails with EINTR first (retried)
-  int eagain_every = 0;           // every k-th read call fails with EAGAIN first (retried)
-  int delay_ms = 0;               // sleep before every read call
-  bool fail_uring_setup = false;  // io_uring setup reports EPERM, as under a seccomp filter
-  int fail_uring_submit = 0;      // every io_uring submit reports this errno; 0: never
+  int64_t fail_read_number = 0;     // the Nth read call (1-based) fails with fail_errno; 0: never
+  int fail_errno = 5;               // EIO
+  bool short_reads = false;         // every read call transfers at most half of what it asked
+  int eintr_every = 0;              // every k-th read call fails with EINTR first (retried)
+  int eagain_every = 0;             // every k-th read call fails with EAGAIN first (retried)
+  int delay_ms = 0;                 // sleep before every read call
+  bool fail_uring_setup = false;    // io_uring setup reports EPERM, as under a seccomp filter
+  int fail_uring_submit = 0;        // io_uring submits report this errno; 0: never
+  int fail_uring_submit_after = 0;  // ... once this many submits have worked
 };
 
 // Arms `plan` for every read from now on (any thread; process-wide) and resets the call

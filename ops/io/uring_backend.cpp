@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,6 +47,7 @@ class UringBackend final : public ReadBackend {
   }
 
   void submit(const ReadRequest& request) override {
+    if (!broken_.empty()) throw Error(ErrorKind::Io, "", "", broken_);
     ++in_flight_;
     backlog_.push_back(request);
     fill();
@@ -129,11 +131,12 @@ class UringBackend final : public ReadBackend {
     ++prepared_;
   }
 
-  // Hands the prepared entries to the kernel. Returns 0 when all went, or when the kernel asked
-  // to retry (EAGAIN, EBUSY: resources free up as reads complete); else the errno of the failed
-  // submit. Entries a failed submit leaves prepared are tried again by the next call.
-  int try_submit() {
-    while (prepared_ > 0) {
+  // Hands the prepared entries to the kernel; entries the kernel asks to retry (EAGAIN, EBUSY:
+  // resources free up as reads complete) stay prepared for the next call. Any other failure
+  // breaks the backend for good: entries left prepared point into buffers of this pass, so no
+  // later submit may hand them to the kernel.
+  void try_submit() {
+    while (prepared_ > 0 && broken_.empty()) {
       int fault = injected_uring_submit_failure();
       int rc = fault ? -fault : io_uring_submit(&ring_);
       if (rc > 0) {
@@ -142,37 +145,36 @@ class UringBackend final : public ReadBackend {
       } else if (rc == -EINTR) {
         continue;
       } else if (rc == -EAGAIN || rc == -EBUSY) {
-        return 0;
-      } else {
-        return rc < 0 ? -rc : EIO;  // 0 submitted with entries prepared: never progresses
+        return;
+      } else {  // 0 submitted with entries prepared would never progress either
+        broken_ = std::string("io_uring submit failed: ") + std::strerror(rc < 0 ? -rc : EIO);
       }
     }
-    return 0;
   }
 
-  // try_submit for a consumer about to wait: a failed submit, or a retried one with no read in
-  // the kernel to wait for after ~1 s of retries, is an Error instead of a wait that never ends.
+  // try_submit for a consumer about to wait. Reads already in the kernel are always waited for
+  // (their completions returned as usual), so no read can land in memory after its owner gave
+  // it up; with none left, a broken backend, or a retried submit with nothing in the kernel
+  // after ~1 s, is an Error instead of a wait that never ends.
   void submit_or_throw() {
     for (int attempt = 0;; ++attempt) {
-      if (prepared_ == 0 && in_kernel_ == 0) {
+      if (prepared_ == 0 && in_kernel_ == 0 && broken_.empty()) {
         throw Error(ErrorKind::Internal, "", "", "waiting on io_uring with no read queued");
       }
-      int error = try_submit();
-      if (error != 0) {
-        throw Error(ErrorKind::Io, "", "",
-                    std::string("io_uring submit failed: ") + std::strerror(error));
-      }
+      try_submit();
       if (in_kernel_ > 0) return;
+      if (!broken_.empty()) throw Error(ErrorKind::Io, "", "", broken_);
       if (attempt == 1000) {
-        throw Error(ErrorKind::Io, "", "",
-                    "io_uring submit failed: the kernel kept refusing with nothing in flight");
+        broken_ = "io_uring submit failed: the kernel kept refusing with nothing in flight";
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
-  // Starts backlog reads in free slots. Never throws for a failed submit: wait_completion()
-  // reports it, so a completion already taken off the ring is never lost to it.
+  // Starts backlog reads in free slots. A failed submit is reported by wait_completion(), so a
+  // completion already taken off the ring is never lost to it; throws only Error(Internal), a
+  // broken invariant (no submission entry for a free slot).
   void fill() {
     while (!backlog_.empty() && !free_slots_.empty()) {
       unsigned index = free_slots_.front();
@@ -181,7 +183,7 @@ class UringBackend final : public ReadBackend {
       backlog_.pop_front();
       queue_read(index);
     }
-    (void)try_submit();
+    try_submit();
   }
 
   unsigned depth_;
@@ -192,6 +194,7 @@ class UringBackend final : public ReadBackend {
   size_t in_flight_ = 0;
   size_t prepared_ = 0;   // entries prepared, not yet accepted by a submit
   size_t in_kernel_ = 0;  // entries submitted whose completion has not been reaped
+  std::string broken_;    // why submits stopped for good; empty while they work
 };
 
 }  // namespace

@@ -14,6 +14,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+from ._errors import SafetensorTypeError, SafetensorValueError
+
 
 class Backend(Enum):
     """A read backend, by upstream's name; the value is the name the engine takes."""
@@ -44,10 +46,10 @@ def backend_argument(backend: Any) -> str | None:
         return None
     candidates = [backend] if isinstance(backend, (str, Backend, BackendPolicy)) else backend
     if not isinstance(candidates, (list, tuple)):
-        raise TypeError("backend must be a Backend, a BackendPolicy, a name, or a list of them; "
+        raise SafetensorTypeError("backend must be a Backend, a BackendPolicy, a name, or a list of them; "
                         f"got {type(backend).__name__}")
     if not candidates:
-        raise ValueError("backend cannot be an empty list; use None for the default choice")
+        raise SafetensorValueError("backend cannot be an empty list; use None for the default choice")
     names = []
     for candidate in candidates:
         if isinstance(candidate, (Backend, BackendPolicy)):
@@ -55,6 +57,6 @@ def backend_argument(backend: Any) -> str | None:
         elif isinstance(candidate, str):
             names.append(candidate)
         else:
-            raise TypeError("backend must be a Backend, a BackendPolicy, a name, or a list of "
+            raise SafetensorTypeError("backend must be a Backend, a BackendPolicy, a name, or a list of "
                             f"them; got {type(candidate).__name__} in the list")
     return ",".join(names)

@@ -6,7 +6,7 @@ from typing import Any, Union
 
 import torch
 
-from ._errors import engine_errors
+from ._errors import SafetensorValueError, engine_errors
 from ._library import load_library
 
 DeviceLike = Union[int, str, torch.device]
@@ -18,10 +18,10 @@ def to_device(device: DeviceLike) -> torch.device:
     Raises ValueError for anything torch cannot parse as a device.
     """
     if isinstance(device, bool):
-        raise ValueError(f"device={device!r} is not a device")
+        raise SafetensorValueError(f"device={device!r} is not a device")
     if isinstance(device, int):
         if device < 0:
-            raise ValueError(f"device={device} is not a valid device index")
+            raise SafetensorValueError(f"device={device} is not a valid device index")
         return torch.device("cuda", device)
     if isinstance(device, torch.device):
         return device
@@ -29,8 +29,8 @@ def to_device(device: DeviceLike) -> torch.device:
         try:
             return torch.device(device)
         except RuntimeError as error:
-            raise ValueError(f"device={device!r} is not a device: {error}") from None
-    raise ValueError(f"device={device!r} is not an int, a string or a torch.device")
+            raise SafetensorValueError(f"device={device!r} is not a device: {error}") from None
+    raise SafetensorValueError(f"device={device!r} is not an int, a string or a torch.device")
 
 
 def _device_module(device: torch.device) -> Any:
@@ -66,7 +66,7 @@ def resolve_target(device: torch.device, given: Any,
         return device, None
     if not module.is_available():
         kind = "CUDA" if device.type == "cuda" else device.type
-        raise ValueError(f"device={given!r}: {kind} is not available in this torch")
+        raise SafetensorValueError(f"device={given!r}: {kind} is not available in this torch")
     if device.index is None:
         device = torch.device(device.type, module.current_device())
     mem_get_info = getattr(module, "mem_get_info", None)

@@ -33,6 +33,7 @@ SafetensorKeyError = _both(KeyError)
 SafetensorTypeError = _both(TypeError)
 SafetensorIndexError = _both(IndexError)
 SafetensorRuntimeError = _both(RuntimeError)
+SafetensorNotImplementedError = _both(NotImplementedError)
 
 _KIND_TO_TYPE: dict[str, type[Exception]] = {
     "not_found": SafetensorFileNotFoundError,

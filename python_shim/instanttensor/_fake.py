@@ -72,7 +72,7 @@ def _eager_call_with_meta_tensors(tensors) -> bool:
     would be a silent no-op (save_file writing nothing, load_into_ filling nothing)."""
     from torch._subclasses.fake_tensor import is_fake
 
-    return not any(is_fake(t) for t in tensors)
+    return not any(is_fake(t) for t in tensors) and any(t.is_meta for t in tensors)
 
 
 def _real_kernel(op, *args) -> None:

@@ -8,8 +8,8 @@ from typing import Any, Mapping, Sequence, Union
 import torch
 
 from ._device import DeviceLike
-from ._errors import (SafetensorRuntimeError, SafetensorTypeError, SafetensorValueError,
-                      engine_errors)
+from ._errors import (SafetensorNotImplementedError, SafetensorRuntimeError, SafetensorTypeError,
+                      SafetensorValueError, engine_errors)
 from ._safe_open import LoadIntoResult, safe_open
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -37,8 +37,8 @@ def load_into(destinations: Mapping[str, torch.Tensor], filename: PathLike | Seq
 def check_tensors_to_save(tensors: Any) -> None:
     """safetensors.torch's refusals, in its order and with its messages (callers match them):
     ValueError for a non-dict, a non-tensor value, sparse tensors and non-contiguous tensors,
-    RuntimeError for tensors sharing memory and for meta tensors (no bytes to write), TypeError
-    for a non-str name. Each is also a SafetensorError."""
+    RuntimeError for tensors sharing memory, NotImplementedError (a RuntimeError) for meta
+    tensors (no bytes to write), TypeError for a non-str name. Each is also a SafetensorError."""
     if not isinstance(tensors, dict):
         raise SafetensorValueError(
             f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
@@ -67,8 +67,8 @@ def check_tensors_to_save(tensors: Any) -> None:
             raise SafetensorValueError(
                 f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. "
                 "Call `.contiguous()` on it before saving.")
-        if tensor.is_meta:
-            raise SafetensorRuntimeError(
+        if tensor.is_meta:  # NotImplementedError, a RuntimeError, as torch says it
+            raise SafetensorNotImplementedError(
                 f"Cannot copy out of meta tensor `{name}`: it has no data to save; nothing was "
                 "written")
 

@@ -12,8 +12,8 @@ import torch
 from ._device import DeviceLike, free_memory_share, resolve_target, to_device
 from ._dtypes import format_name, torch_dtype
 from ._backends import backend_argument
-from ._errors import (SafetensorFileNotFoundError, SafetensorIndexError, SafetensorValueError,
-                      engine_errors, translate_error)
+from ._errors import (SafetensorFileNotFoundError, SafetensorIndexError, SafetensorTypeError,
+                      SafetensorValueError, engine_errors, translate_error)
 from ._frameworks import as_framework, framework_of
 from ._selection import Selection
 from ._slicing import checked_index
@@ -26,7 +26,7 @@ def _paths(filename: PathLike | Sequence[PathLike]) -> list[str]:
         return [os.fspath(filename)]
     paths = [os.fspath(f) for f in filename]
     if not paths:
-        raise ValueError("safe_open needs at least one file")
+        raise SafetensorValueError("safe_open needs at least one file")
     return paths
 
 
@@ -34,9 +34,9 @@ def _optional_int(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be a positive integer")
+        raise SafetensorValueError(f"{name}={value!r} must be a positive integer")
     if value <= 0:
-        raise ValueError(f"{name}={value} must be a positive integer")
+        raise SafetensorValueError(f"{name}={value} must be a positive integer")
     return value
 
 
@@ -260,8 +260,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         """The engine, for a call that moves tensor bytes: also raises the target's error when
         the device was not reachable at open."""
         engine = self._engine()
-        if self._device_error is not None:
-            raise self._device_error
+        if self._device_error is not None:  # a new exception each time: no growing traceback
+            raise type(self._device_error)(*self._device_error.args)
         return engine
 
     # Read on demand: each call into the engine costs microseconds that add up over many opens.
@@ -403,12 +403,12 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         as (missing_keys, unexpected_keys), like `Module.load_state_dict`.
         """
         if not isinstance(destinations, Mapping):
-            raise TypeError("destinations must be a mapping of name -> Tensor "
+            raise SafetensorTypeError("destinations must be a mapping of name -> Tensor "
                             f"(a state_dict), not {type(destinations).__name__}")
         names, tensors = [], []
         for name, tensor in destinations.items():
             if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"destination {name!r} is a {type(tensor).__name__}, "
+                raise SafetensorTypeError(f"destination {name!r} is a {type(tensor).__name__}, "
                                 "not a torch.Tensor")
             names.append(name)
             tensors.append(tensor.detach())
@@ -422,8 +422,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
 
     def stats(self) -> dict[str, Any]:
         """Counters since open: bytes_read, read_requests, materializations, timings, backend,
-        exchange (whether a process group exchanged bytes, and why). Still answers after
-        close(), with the final counts."""
+        exchange (whether a process group exchanged bytes, and why). After close() of a handle
+        that was opened, still answers with the final counts."""
         engine = self._handle if self._closed and self._handle is not None else self._engine()
         with engine_errors():
             counters: dict[str, Any] = {

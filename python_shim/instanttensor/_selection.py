@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._errors import engine_errors
+from ._errors import SafetensorTypeError, SafetensorValueError, engine_errors
 
 MATCH_MODES = ("glob", "exact", "regex")
 
@@ -24,10 +24,10 @@ def name_matcher(patterns: Any, mode: Any) -> Callable[[str], bool]:
     (naming it) and TypeError for patterns that are not a list of str (upstream's rule: a tuple,
     a set or a bare string is refused, so a typo never selects by characters)."""
     if mode not in MATCH_MODES:
-        raise ValueError(f"tensor_name_match_mode={mode!r} is not valid; accepted: "
+        raise SafetensorValueError(f"tensor_name_match_mode={mode!r} is not valid; accepted: "
                          + ", ".join(repr(m) for m in MATCH_MODES))
     if not isinstance(patterns, list) or any(not isinstance(p, str) for p in patterns):
-        raise TypeError("tensor_filter must be a list of strings (name patterns), not "
+        raise SafetensorTypeError("tensor_filter must be a list of strings (name patterns), not "
                         f"{type(patterns).__name__}")
     literal = set()
     compiled = []
@@ -38,7 +38,7 @@ def name_matcher(patterns: Any, mode: Any) -> Callable[[str], bool]:
         try:
             compiled.append(re.compile(fnmatch.translate(pattern) if mode == "glob" else pattern))
         except re.error as error:
-            raise ValueError(f"tensor_filter pattern {pattern!r} is not a valid "
+            raise SafetensorValueError(f"tensor_filter pattern {pattern!r} is not a valid "
                              f"{'glob' if mode == 'glob' else 'regular expression'}: "
                              f"{error}") from None
     if not compiled:
@@ -53,10 +53,10 @@ class Selection:
 
     def __init__(self, keys: Any, tensor_filter: Any, match_mode: Any) -> None:
         if keys is not None and tensor_filter is not None:
-            raise ValueError("pass keys= (exact names, unknown ones are a KeyError) or "
+            raise SafetensorValueError("pass keys= (exact names, unknown ones are a KeyError) or "
                              "tensor_filter= (patterns), not both")
         if isinstance(keys, str):
-            raise ValueError("keys must be a list of tensor names, not a string")
+            raise SafetensorValueError("keys must be a list of tensor names, not a string")
         self._keys = None if keys is None else [str(k) for k in keys]
         self._matches = name_matcher([] if tensor_filter is None else tensor_filter, match_mode)
         self._filter = tensor_filter

@@ -8,6 +8,7 @@ joins bytes.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import struct
 from typing import Any, Mapping, NamedTuple, Sequence, Union
@@ -82,9 +83,14 @@ class TensorSpec:
 
 
 def _non_negative(what: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    """`value` as an int (anything with __index__, numpy integers too); TypeError otherwise."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = -1
+    if isinstance(value, bool) or number < 0:
         raise SafetensorTypeError(f"TensorSpec {what} must be a non-negative int, got {value!r}")
-    return value
+    return number
 
 
 class _Described(NamedTuple):
@@ -193,7 +199,8 @@ def parse_buffer(data: Any, label: str = "<bytes>") -> ParsedBuffer:
         raise SafetensorTypeError(
             f"expected the bytes of a safetensors file, got {type(data).__name__}") from None
     length = struct.unpack_from("<Q", view)[0] if len(view) >= 8 else 0
-    head_size = min(len(view), 8 + min(length, _MAX_HEADER_BYTES))
+    # Only the header is copied; a length over the cap is refused by the parser from the prefix.
+    head_size = min(len(view), 8 + length if length <= _MAX_HEADER_BYTES else 8)
     head = (torch.frombuffer(bytearray(view[:head_size]), dtype=torch.uint8) if head_size
             else torch.empty(0, dtype=torch.uint8))
     with engine_errors():

@@ -62,7 +62,7 @@ def _indexers(index: Any, shape: list[int]) -> list[_Indexer]:
                 raise SafetensorValueError(f"Slice step must be a positive integer, got {step}")
             indexers.append(_Narrow(_bound(item.start, position, dim),
                                     _bound(item.stop, position, dim), step))
-        elif not isinstance(item, bool) and hasattr(item, "__index__"):
+        elif hasattr(item, "__index__"):  # bools too: the reference takes True as 1
             indexers.append(_resolved(operator.index(item), position, dim))
         else:
             raise SafetensorValueError(f"Unsupported slice index at position {position}: "

@@ -39,7 +39,8 @@ def _specs(tensor_dict: Dict[str, np.ndarray], keep_alive: List[Any]) -> Dict[st
                 f"Key `{name}` is invalid, expected np.ndarray but received {type(array)}")
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
-        array = np.ascontiguousarray(array)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)  # (never for 0-d: it would make them 1-d)
         keep_alive.append(array)
         specs[name] = TensorSpec(dtype=array.dtype.name, shape=list(array.shape),
                                  data_ptr=array.ctypes.data, data_len=array.nbytes)

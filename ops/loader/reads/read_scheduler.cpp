@@ -89,8 +89,8 @@ void ReadScheduler::drain() noexcept {
     try {
       completion = backend_->wait_completion();
     } catch (const std::exception&) {
-      // The backend cannot complete what it holds (a failed io_uring submit): nothing more will
-      // arrive here; its destructor reaps whatever the kernel still has before memory goes.
+      // The backend cannot complete what it still holds (a failed io_uring submit): it throws
+      // only once no read of it is left in the kernel, so nothing lands in memory after this.
       break;
     }
     stats_.bytes_read += completion.bytes;

@@ -58,8 +58,8 @@ class ReadScheduler {
   // way), forgets the tag and returns its first failure, if any.
   std::optional<ReadFailure> wait_for(uint64_t tag);
   // Waits for every read in flight (their memory may then be reused) and forgets every tag.
-  // A backend that cannot complete its reads (its wait throws) stops the wait there: destroying
-  // it (stop()) reaps what the kernel still holds.
+  // A backend that cannot complete its reads (its wait throws, once none is left in the kernel)
+  // stops the wait there.
   void drain() noexcept;
   size_t in_flight() const { return backend_ ? backend_->in_flight() : 0; }
   // Joins the workers. Call after drain().
