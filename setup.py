@@ -46,8 +46,11 @@ class CMakeBuild(build_py):
                               cwd=build_dir)
         package_dir = os.path.join(self.build_lib, "instanttensor")
         os.makedirs(package_dir, exist_ok=True)
-        self.copy_file(os.path.join(build_dir, "libinstanttensor.so"),
-                       os.path.join(package_dir, "libinstanttensor.so"))
+        # Always copied: setuptools' copy_file skips a destination newer than the source, and
+        # build/lib is shared by every interpreter of this Python version, so the library built
+        # for another torch (test_callers.sh's SGLang venv) would otherwise be installed here.
+        shutil.copy2(os.path.join(build_dir, "libinstanttensor.so"),
+                     os.path.join(package_dir, "libinstanttensor.so"))
         with open(os.path.join(package_dir, "_build_info.py"), "w") as out:
             out.write('"""Written by setup.py: what the native library was built against."""\n')
             out.write(f"TORCH_VERSION = {torch.__version__!r}\n")
