@@ -11,6 +11,7 @@ from ._device import DeviceLike
 from ._errors import (SafetensorNotImplementedError, SafetensorRuntimeError, SafetensorTypeError,
                       SafetensorValueError, engine_errors)
 from ._safe_open import LoadIntoResult, safe_open
+from ._serialize import metadata_lists
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -73,23 +74,6 @@ def check_tensors_to_save(tensors: Any) -> None:
                 "written")
 
 
-def check_metadata(metadata: Any) -> tuple[list[str], list[str]]:
-    """(keys, values) of str -> str metadata; TypeError (also SafetensorError) otherwise."""
-    if metadata is None:
-        return [], []
-    if not isinstance(metadata, Mapping):
-        raise SafetensorTypeError(f"metadata must be a dict of str -> str, not "
-                                  f"{type(metadata).__name__}")
-    keys: list[str] = []
-    values: list[str] = []
-    for key, value in metadata.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise SafetensorTypeError(f"metadata must map str to str, got {key!r}: {value!r}")
-        keys.append(key)
-        values.append(value)
-    return keys, values
-
-
 def _shared_groups(tensors: dict[str, torch.Tensor]) -> list[list[str]]:
     """Names of tensors whose bytes overlap in memory (safetensors refuses to save those), from
     the library's one check (the C++ save_file makes the same)."""
@@ -108,7 +92,7 @@ def save_file(
     refusal (check_tensors_to_save) leaves the old file intact. Tensors on any device are copied
     to the host while writing."""
     check_tensors_to_save(tensors)
-    keys, values = check_metadata(metadata)
+    keys, values = metadata_lists(metadata)
     names = list(tensors)
     with engine_errors():
         torch.ops.instanttensor.save_file(

@@ -10,13 +10,13 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 import torch
 
 from ._device import DeviceLike, free_memory_share, resolve_target, to_device
-from ._dtypes import format_name, torch_dtype
+from ._dtypes import torch_dtype
 from ._backends import backend_argument
-from ._errors import (SafetensorFileNotFoundError, SafetensorIndexError, SafetensorTypeError,
-                      SafetensorValueError, engine_errors, translate_error)
+from ._errors import (SafetensorFileNotFoundError, SafetensorTypeError, SafetensorValueError,
+                      engine_errors, translate_error)
 from ._frameworks import as_framework, framework_of
 from ._selection import Selection
-from ._slicing import checked_index
+from ._slicing import SafeSlice
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -61,64 +61,6 @@ class LoadIntoResult(NamedTuple):
 
     missing_keys: list[str]  # destinations with no tensor of that name in the checkpoint
     unexpected_keys: list[str]  # tensors of the checkpoint with no destination
-
-
-class SafeSlice:
-    """safetensors' slice object: shape and dtype without reading, then `[...]` indexing.
-
-    Indexing reads only the rows of dimension 0 that the index touches (one contiguous byte
-    range of the file); the rest of the index is applied to those rows.
-    """
-
-    def __init__(self, owner: "safe_open", name: str) -> None:
-        self._owner = owner
-        self._name = name
-        self._dtype, self._shape = owner.get_tensor_metadata(name)
-
-    def get_shape(self) -> list[int]:
-        # The header's shape, as safetensors gives it: F4 counts unpacked elements, two per byte
-        # of the packed float4_e2m1fn_x2 tensor that indexing works on.
-        shape = list(self._shape)
-        if self._dtype == torch.float4_e2m1fn_x2 and shape:
-            shape[-1] *= 2
-        return shape
-
-    def get_dtype(self) -> str:
-        return format_name(self._dtype)
-
-    def __getitem__(self, index: Any) -> Any:
-        """The indexed part, reading only the rows of dimension 0 the index touches. As the
-        reference: framework="pt" follows torch's indexing rules; framework="np" follows the
-        reference's own (_slicing.py: a slice past its dimension is a SafetensorError, not
-        clamped)."""
-        return as_framework(self._index(index), self._owner._framework, self._name)
-
-    def _index(self, index: Any) -> torch.Tensor:
-        owner = self._owner
-        if owner._meta:
-            return owner._tensor(self._name)[index]
-        if owner._framework == "np":
-            index = checked_index(index, list(self._shape))
-        elif not isinstance(index, tuple):
-            index = (index,)
-        if len(self._shape) == 0 or not index or index[0] is Ellipsis:
-            return owner._tensor(self._name)[index]
-        first, rest = index[0], index[1:]
-        rows = self._shape[0]
-        if isinstance(first, int) and not isinstance(first, bool):
-            position = first + rows if first < 0 else first
-            if not 0 <= position < rows:
-                raise SafetensorIndexError(
-                    f"index {first} is out of bounds for dimension 0 of size {rows}")
-            return owner._rows(self._name, position, position + 1)[(0,) + rest]
-        if isinstance(first, slice):
-            start, stop, step = first.indices(rows)
-            if step > 0:
-                stop = max(start, stop)
-                last = start + ((stop - start - 1) // step) * step + 1 if stop > start else start
-                block = owner._rows(self._name, start, last)
-                return block[(slice(None, None, step),) + rest]
-        return owner._tensor(self._name)[index]
 
 
 class safe_open:  # noqa: N801 - the name both peer APIs use

@@ -122,17 +122,26 @@ def _describe(tensor_dict: Mapping[str, TensorSpec], metadata: Mapping[str, str]
         dtypes.append(spec.dtype)
         ranks.append(len(spec.shape))
         dims.extend(spec.shape)
-    keys, values = [], []
-    if metadata is not None:
-        if not isinstance(metadata, Mapping):
-            raise SafetensorTypeError(f"{function}: metadata must be a dict of str -> str")
-        for key, value in metadata.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise SafetensorTypeError(
-                    f"{function}: metadata must map str to str, got {key!r}: {value!r}")
-            keys.append(key)
-            values.append(value)
+    keys, values = metadata_lists(metadata)
     return _Described(names, dtypes, ranks, dims, keys, values, metadata is not None)
+
+
+def metadata_lists(metadata: Any) -> tuple[list[str], list[str]]:
+    """(keys, values) of str -> str metadata as the engine takes it (empty for None); TypeError
+    (also SafetensorError) otherwise, as the reference. Every writer's one check."""
+    if metadata is None:
+        return [], []
+    if not isinstance(metadata, Mapping):
+        raise SafetensorTypeError(
+            f"metadata must be a dict of str -> str, not {type(metadata).__name__}")
+    keys: list[str] = []
+    values: list[str] = []
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SafetensorTypeError(f"metadata must map str to str, got {key!r}: {value!r}")
+        keys.append(key)
+        values.append(value)
+    return keys, values
 
 
 def _spec_bytes(spec: TensorSpec) -> Any:

@@ -1,4 +1,5 @@
-"""get_slice's index rules for framework="np": the reference reader's, checked before any read.
+"""get_slice: the slice object, and the index rules it applies for framework="np" (the reference
+reader's, checked before any read).
 
 An index is an int, a slice with a positive step, `...`, the empty list, or a tuple of those.
 Unlike Python's sequences, a slice reaching past its dimension is an error (the reference's
@@ -10,9 +11,16 @@ them and raises OverflowError).
 from __future__ import annotations
 
 import operator
-from typing import Any, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
+import torch
+
+from ._dtypes import format_name
 from ._errors import SafetensorIndexError, SafetensorValueError
+from ._frameworks import as_framework
+
+if TYPE_CHECKING:
+    from ._safe_open import safe_open
 
 
 class _Narrow(NamedTuple):
@@ -101,3 +109,61 @@ def checked_index(index: Any, shape: list[int]) -> tuple:
             stop = shape[position] if indexer.stop is None else indexer.stop
             out.append(slice(start, max(start, stop), indexer.step))
     return tuple(out)
+
+
+class SafeSlice:
+    """safetensors' slice object: shape and dtype without reading, then `[...]` indexing.
+
+    Indexing reads only the rows of dimension 0 that the index touches (one contiguous byte
+    range of the file); the rest of the index is applied to those rows.
+    """
+
+    def __init__(self, owner: "safe_open", name: str) -> None:
+        self._owner = owner
+        self._name = name
+        self._dtype, self._shape = owner.get_tensor_metadata(name)
+
+    def get_shape(self) -> list[int]:
+        # The header's shape, as safetensors gives it: F4 counts unpacked elements, two per byte
+        # of the packed float4_e2m1fn_x2 tensor that indexing works on.
+        shape = list(self._shape)
+        if self._dtype == torch.float4_e2m1fn_x2 and shape:
+            shape[-1] *= 2
+        return shape
+
+    def get_dtype(self) -> str:
+        return format_name(self._dtype)
+
+    def __getitem__(self, index: Any) -> Any:
+        """The indexed part, reading only the rows of dimension 0 the index touches. As the
+        reference: framework="pt" follows torch's indexing rules; framework="np" follows the
+        reference's own (_slicing.py: a slice past its dimension is a SafetensorError, not
+        clamped)."""
+        return as_framework(self._index(index), self._owner._framework, self._name)
+
+    def _index(self, index: Any) -> torch.Tensor:
+        owner = self._owner
+        if owner._meta:
+            return owner._tensor(self._name)[index]
+        if owner._framework == "np":
+            index = checked_index(index, list(self._shape))
+        elif not isinstance(index, tuple):
+            index = (index,)
+        if len(self._shape) == 0 or not index or index[0] is Ellipsis:
+            return owner._tensor(self._name)[index]
+        first, rest = index[0], index[1:]
+        rows = self._shape[0]
+        if isinstance(first, int) and not isinstance(first, bool):
+            position = first + rows if first < 0 else first
+            if not 0 <= position < rows:
+                raise SafetensorIndexError(f"tensor {self._name!r}: index {first} is out of bounds "
+                                           f"for dimension 0 of size {rows}")
+            return owner._rows(self._name, position, position + 1)[(0,) + rest]
+        if isinstance(first, slice):
+            start, stop, step = first.indices(rows)
+            if step > 0:
+                stop = max(start, stop)
+                last = start + ((stop - start - 1) // step) * step + 1 if stop > start else start
+                block = owner._rows(self._name, start, last)
+                return block[(slice(None, None, step),) + rest]
+        return owner._tensor(self._name)[index]
