@@ -43,6 +43,10 @@ void Loader::leave_parent_work_behind() {
   // never waited for. The next read starts workers of this process.
   reads_->abandon_after_fork();
   for (auto& feed : feeds_) feed->reset();
+  if (views_) {
+    views_->abandon_after_fork();
+    views_->release_all();
+  }
   // A parent thread may have held the pool's lock at the fork; tensors handed out before it
   // keep the old pool (their deleters), new ones use a fresh one.
   recycled_ = std::make_shared<pool::RecycledBlocks>(plan_.memory.buffer_size / 2);
@@ -167,6 +171,7 @@ void Loader::close() {
   if (exchange_) exchange_->wait_gathers();
   if (stage_) stats_.materializations += stage_->close();
   if (host_ring_) stats_.materializations += host_ring_->release_all();
+  views_.reset();  // kept views made owned before the files close; read-ahead joined
   host_ring_placement_.reset();
   host_ring_.reset();
   recycled_->close();

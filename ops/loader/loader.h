@@ -27,6 +27,7 @@ class ExchangeProtocol;
 class GroupFeed;
 class LoaderStreams;
 class OwnedPlacement;
+class PageCacheViews;
 class Placement;
 class RandomAccess;
 class ReadScheduler;
@@ -141,6 +142,8 @@ class Loader {
   std::pair<std::string, at::Tensor> hand_out(size_t item);
   // mmap with copy=false: a view of the file mapping; nothing read, no ring.
   std::pair<std::string, at::Tensor> hand_out_mapped(size_t item);
+  // Host views (mode_.host_views): a view of the page cache, owned if kept past its step.
+  std::pair<std::string, at::Tensor> hand_out_view(size_t item);
   // Any other exception met while making `item` ready (a device OutOfMemoryError), as the
   // Error a status round carries, naming the item's file and tensor.
   Error failure_of(const std::exception& e, size_t item) const;
@@ -176,6 +179,7 @@ class Loader {
   std::unique_ptr<loader::OwnedPlacement> device_owned_;
   std::unique_ptr<loader::RingPlacement> host_ring_placement_;
   std::unique_ptr<loader::RingPlacement> device_ring_placement_;
+  std::unique_ptr<loader::PageCacheViews> views_;  // host views only
 
   loader::PassState pass_;
 };

@@ -103,7 +103,15 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_in_step() {
   if (!failure && pass_.rounds_done >= step_rounds_->count()) return std::nullopt;
   const size_t item = pass_.next_item;
   const size_t items = plan_.reads.items.size();
-  if (!failure && item < items && !mode_.mapped_iteration) {
+  if (!failure && item < items && mode_.host_views) {
+    // Nothing to read; a changed file travels with the round instead of raising here alone.
+    try {
+      plan_.checkpoint->check_unchanged(plan_.tensor_of_item(item).file_index,
+                                        plan_.tensor_of_item(item).name());
+    } catch (const Error& e) {
+      failure = e;
+    }
+  } else if (!failure && item < items && !mode_.mapped_iteration) {
     try {
       if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
       make_ready(item, /*wait=*/true);
@@ -126,7 +134,11 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_in_step() {
     }
     pass_.rounds_done += 1;
   }
-  if (item >= items) return std::nullopt;
+  if (item >= items) {
+    if (views_) views_->pass_ended();
+    return std::nullopt;
+  }
+  if (mode_.host_views) return hand_out_view(item);
   return mode_.mapped_iteration ? hand_out_mapped(item) : hand_out(item);
 }
 

@@ -8,6 +8,7 @@
 #include "loader/exchange/exchange_protocol.h"
 #include "loader/exchange/step_rounds.h"
 #include "loader/pass/group_feed.h"
+#include "loader/pass/page_cache_views.h"
 #include "loader/pass/placement.h"
 #include "loader/pass/share_feed.h"
 #include "loader/reads/read_scheduler.h"

@@ -70,6 +70,7 @@ void Loader::begin_pass() {
     exchange_->forget_deferred();
   }
   pass_.begin(plan_.reads);
+  if (views_) views_->begin_pass();
   try {
     plan_.checkpoint->check_unchanged();
   } catch (const Error& e) {
@@ -270,6 +271,19 @@ std::pair<std::string, at::Tensor> Loader::hand_out_mapped(size_t item) {
   return {t.name(), factory_->aligned(loader::TensorFactory::over(std::move(storage), spec))};
 }
 
+std::pair<std::string, at::Tensor> Loader::hand_out_view(size_t item) {
+  pass_.next_item = item + 1;
+  const auto& t = plan_.tensor_of_item(item);
+  stats_.tensors_loaded += 1;
+  if (t.nbytes == 0) return {t.name(), factory_->empty(t, c10::Device(c10::DeviceType::CPU))};
+  try {
+    return {t.name(), views_->hand_out(item)};
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Io) throw;  // a dtype torch lacks: that tensor alone is skipped
+    fail_pass(e);
+  }
+}
+
 Error Loader::failure_of(const std::exception& e, size_t item) const {
   const auto& t = plan_.tensor_of_item(item);
   return Error(ErrorKind::Io, plan_.file_of(t), t.name(), e.what());
@@ -286,9 +300,13 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
 std::optional<std::pair<std::string, at::Tensor>> Loader::next_local() {
   if (!pass_.started) begin_pass();
   if (pass_.error) throw *pass_.error;
-  if (pass_.next_item >= plan_.reads.items.size()) return std::nullopt;
+  if (pass_.next_item >= plan_.reads.items.size()) {
+    if (views_) views_->pass_ended();
+    return std::nullopt;
+  }
   size_t item = pass_.next_item;
   if (mode_.mapped_iteration) return hand_out_mapped(item);
+  if (mode_.host_views) return hand_out_view(item);
   if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);
   make_ready(item, /*wait=*/true);
   pump();

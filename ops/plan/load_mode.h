@@ -41,11 +41,14 @@ enum class Destination {
 };
 
 struct LoadModeInputs {
-  bool accelerator_target = false;   // the target device is not the CPU
-  bool force_staging = false;        // tests: a CPU target through the transfer stage
-  bool host_fallback = false;        // asked: tensors over the device budget stay on the host
-  bool copy = true;                  // the consumer owns what it gets
-  bool mapping_backend = false;      // the read backend is the file mapping (mmap)
+  bool accelerator_target = false;  // the target device is not the CPU
+  bool force_staging = false;       // tests: a CPU target through the transfer stage
+  bool host_fallback = false;       // asked: tensors over the device budget stay on the host
+  bool copy = true;                 // the consumer owns what it gets
+  bool mapping_backend = false;     // the read backend is the file mapping (mmap)
+  // The backend chain lets iteration hand out views of the page cache (it starts with auto or
+  // mmap): a host target then reads nothing into loader memory (PageCacheViews).
+  bool page_cache_views = false;
   bool distributed = false;          // a process group of more than one rank
   bool group_serves_target = false;  // the group has a backend for the target's device type
   ExchangePolicy exchange_policy = ExchangePolicy::Auto;
@@ -61,6 +64,9 @@ struct LoadMode {
   bool host_fallback = false;     // staged: a tensor over the device budget is read on the host
   bool mapped_access = false;     // random access hands out views of the file mapping
   bool mapped_iteration = false;  // iteration too: no ring, no reads
+  // Iteration hands out views of the page cache, made owned when kept past their step
+  // (copy=true): no reads into loader memory.
+  bool host_views = false;
   ExchangePlace exchange = ExchangePlace::Local;
   // A process group that cannot exchange the target's bytes: every rank reads alone (the
   // loader warns).

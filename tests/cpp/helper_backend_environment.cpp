@@ -22,7 +22,7 @@ class NamedBackendIsInUse : public ::testing::Environment {
     save_file({{"x", at::arange(1024, at::kFloat)}}, path);
     SafeOpen f(path);
     for (auto& item : f) (void)item;  // the backend starts, or falls back, at the first read
-    std::string in_use = f.stats().backend;
+    std::string in_use = testing::read_backend(f.stats().backend);
     std::string name = named;
     bool direct = in_use.find("+O_DIRECT") != std::string::npos &&
                   in_use.find("refused") == std::string::npos;

@@ -29,4 +29,14 @@ int open_fd_count();
 // Threads of this process (from /proc/self/status).
 int thread_count();
 
+// The read backend named by stats().backend, without the note a host iteration over views of the
+// page cache adds (" (iteration: views of the page cache (...))").
+inline std::string read_backend(const std::string& backend) {
+  return backend.substr(0, backend.find(" (iteration: "));
+}
+// Whether iteration hands out views of the page cache (nothing read through the backend).
+inline bool iterates_views(const std::string& backend) {
+  return backend.find("(iteration: views of the page cache") != std::string::npos;
+}
+
 }  // namespace instanttensor::testing

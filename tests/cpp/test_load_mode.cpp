@@ -181,5 +181,43 @@ TEST(LoadMode, DestinationsAndSharesFollowTheMode) {
   EXPECT_FALSE(forced.moves_to_target(5, budget));  // a CPU target has nowhere to move to
 }
 
+// Host views (a backend chain starting with auto or mmap): wherever a host target reads alone
+// with copy=true, but never where bytes go through the stage or an exchange; copy=false keeps
+// its ring, and the explicit mmap+borrow contract its views for life.
+TEST(LoadMode, HostViewsWhereAHostTargetReadsAlone) {
+  struct ViewsRow {
+    const char* what;
+    LoadModeInputs in;
+    bool host_views;
+  };
+  auto views = [](LoadModeInputs in) {
+    in.page_cache_views = true;
+    return in;
+  };
+  const ViewsRow rows[] = {
+      {"cpu copy", views(inputs(false, true)), true},
+      {"cpu borrow: the ring, for now", views(inputs(false, false)), false},
+      {"cpu copy mmap", views(with(inputs(false, true), false, false, true)), true},
+      {"cpu borrow mmap: views for life instead",
+       views(with(inputs(false, false), false, false, true)), false},
+      {"a chain that names a read backend", inputs(false, true), false},
+      {"forced staging", views(with(inputs(false, true), true, false, false)), false},
+      {"accelerator", views(inputs(true, true)), false},
+      {"host group reading alone", views(inputs(false, true, true, true)), true},
+      {"host group without gloo", views(inputs(false, true, true, false)), true},
+      {"host exchange", views(policy(inputs(false, true, true, true), ExchangePolicy::Always)),
+       false},
+  };
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.what);
+    LoadMode mode = choose_load_mode(row.in);
+    EXPECT_EQ(mode.host_views, row.host_views);
+    if (mode.host_views) {  // a fallback to the read path places as the mode says
+      EXPECT_EQ(mode.destination_of(1, UINT64_MAX),
+                mode.ring ? Destination::HostRing : Destination::HostOwned);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace instanttensor::loader

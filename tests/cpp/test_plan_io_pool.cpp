@@ -3,14 +3,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "format/checkpoint.h"
 #include "format/writer.h"
 #include "helper_files.h"
 #include "instanttensor/error.h"
 #include "io/direct_io.h"
+#include "io/mapped_files.h"
+#include "io/page_cache_read_ahead.h"
 #include "io/read_backend.h"
 #include "plan/read_plan.h"
 #include "pool/ring_allocator.h"
@@ -85,6 +89,56 @@ TEST(ReadPlan, AlignedRangesCoverTheWantedBytesForDirectIo) {
 
 // Both counting paths (cachestat and the mincore fallback), exact (small file) and sampled
 // (large file): fully cached, then with the second half dropped from the page cache.
+// Polls `done` for up to five seconds.
+template <typename Done>
+bool eventually(Done done) {
+  for (int i = 0; i < 500 && !done(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return done();
+}
+
+TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
+  TempDir dir;
+  const uint64_t mib = 1 << 20;
+  std::string path = dir.file("eight");
+  testing::write_bytes(path, std::string(8 * mib, 'x'));
+  int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  auto files = std::make_shared<const io::MappedFiles>(
+      std::vector<io::FileToRead>{io::FileToRead{path, fd, 8 * mib}});
+  {
+    // Two spans, the second starting mid-page: chunks are page-aligned and cover both.
+    io::PageCacheReadAhead ahead(files, {{0, 0, 3 * mib}, {0, 3 * mib + 100, 8 * mib}},
+                                 /*window=*/2 * mib, /*chunk=*/mib, /*threads=*/2);
+    ASSERT_TRUE(eventually([&] { return ahead.chunks_populated() == 2; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(ahead.chunks_populated(), 2u);  // chunks at 0 and 1 MiB: none past the window
+    // The consumer jumps to 5 MiB: chunks behind it are skipped (they would map pages it passed),
+    // the three within the window ahead of it populated.
+    ahead.advance(5 * mib);
+    EXPECT_TRUE(eventually([&] { return ahead.chunks_populated() == 5; }));
+    EXPECT_EQ(ahead.bytes_populated(), 5 * mib);
+    EXPECT_NE(ahead.description().find("2 workers"), std::string::npos);
+    ahead.restart();  // a new pass populates from the start again
+    EXPECT_TRUE(eventually([&] { return ahead.chunks_populated() == 7; }));
+  }
+  {
+    io::PageCacheReadAhead none(files, {{0, 0, 8 * mib}}, 8 * mib, mib, 0);
+    none.advance(mib);
+    EXPECT_EQ(none.chunks_populated(), 0u);
+    EXPECT_EQ(none.description(), "no read-ahead");
+  }
+  {
+    // A file truncated under the mapping: population is advice, never SIGBUS in a worker.
+    ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(mib)), 0);
+    io::PageCacheReadAhead ahead(files, {{0, 0, 8 * mib}}, 8 * mib, mib, 2);
+    ahead.advance(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_LE(ahead.chunks_populated(), 8u);
+  }
+  ::close(fd);
+}
+
 TEST(ResidentFraction, CountsCachedPagesExactlyOrBySampling) {
   TempDir dir;
   for (uint64_t size : {uint64_t{1} << 20, uint64_t{64} << 20}) {

@@ -140,7 +140,7 @@ def test_usable_without_with_and_after_close(model_files):
 
 def test_stats_report_bytes_and_backend(model_files):
     paths, tensors = model_files
-    with instanttensor.safe_open(paths) as f:
+    with instanttensor.safe_open(paths, backend="pread") as f:  # the read path's figures
         for _ in f.tensors():
             pass
         stats = f.stats()
@@ -212,7 +212,8 @@ def test_close_from_another_thread_during_iteration(model_files):
     torch.ops.load_library(library)
     paths, tensors = model_files
     # concurrency given: reads on the workers (a checkpoint this small would read inline).
-    f = instanttensor.safe_open(paths, chunk_size=4096, concurrency=2)
+    # backend named: the delay slows the read path (a host iteration of views reads nothing).
+    f = instanttensor.safe_open(paths, chunk_size=4096, concurrency=2, backend="pread")
     got, outcome = {}, {}
 
     def iterate():

@@ -167,18 +167,23 @@ def test_every_member_loads_on_the_backend_it_maps_to(model_files, member):
         assert all(same_bytes(loaded[n], tensors[n]) for n in tensors)
 
 
+def read_backend(backend: str) -> str:
+    """stats()["backend"] without the note of a host iteration over views of the page cache."""
+    return backend.split(" (iteration: ")[0]
+
+
 def test_a_list_is_tried_in_order_and_cufile_is_skipped(model_files):
     paths, tensors = model_files
     _, _, _, stats, loaded = load(paths, backend=[Backend.CUFILE, Backend.MMAP, Backend.AIO])
-    assert stats["backend"] == "mmap"
+    assert read_backend(stats["backend"]) == "mmap"
     _, _, _, stats, _ = load(paths, backend=[Backend.AIO_BUFFERED, Backend.MMAP],
                              concurrency=2)
-    assert stats["backend"] == "pread"
+    assert read_backend(stats["backend"]) == "pread"
     # Our names and upstream members in one list, and comma lists of either.
     _, _, _, stats, _ = load(paths, backend=["mmap", Backend.AIO])
-    assert stats["backend"] == "mmap"
+    assert read_backend(stats["backend"]) == "mmap"
     _, _, _, stats, loaded = load(paths, backend="CUFILE, aio", concurrency=2)
-    assert stats["backend"] == "pread+O_DIRECT"
+    assert read_backend(stats["backend"]) == "pread+O_DIRECT"
     assert all(same_bytes(loaded[n], tensors[n]) for n in tensors)
 
 

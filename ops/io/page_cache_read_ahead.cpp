@@ -1,0 +1,138 @@
+#include "io/page_cache_read_ahead.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14; older headers lack the name, older kernels EINVAL
+#endif
+
+namespace instanttensor::io {
+
+namespace {
+
+uint64_t page_size() {
+  static const uint64_t size = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+}  // namespace
+
+PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
+                                       const std::vector<MappedSpan>& spans, uint64_t window,
+                                       uint64_t chunk, int threads)
+    : files_(std::move(files)), window_(window), thread_count_(std::max(threads, 0)) {
+  const uint64_t page = page_size();
+  chunk = std::max(page, chunk / page * page);
+  uint64_t position = 0;
+  for (const auto& span : spans) {
+    // madvise takes page-aligned starts: widen each span down to its page, cut at page
+    // multiples of the chunk so neighbouring chunks do not populate the same page twice.
+    uint64_t at = span.begin / page * page;
+    while (at < span.end) {
+      uint64_t end = std::min(span.end, (at / chunk + 1) * chunk);
+      uint64_t skipped = at < span.begin ? span.begin - at : 0;
+      chunks_.push_back(Chunk{files_->data(span.file) + at, end - at, position});
+      position += end - at - skipped;
+      at = end;
+    }
+  }
+  for (int i = 0; i < thread_count_; ++i) workers_.emplace_back([this] { work(); });
+}
+
+PageCacheReadAhead::~PageCacheReadAhead() {
+  if (abandoned_) return;  // a parent worker may hold the mutex: never taken in the child
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    stopping_ = true;
+  }
+  wake_->notify_all();
+  for (auto& worker : workers_) worker.join();
+}
+
+void PageCacheReadAhead::advance(uint64_t position) {
+  if (abandoned_) return;
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    if (position <= position_) return;
+    position_ = position;
+  }
+  wake_->notify_all();
+}
+
+void PageCacheReadAhead::restart() {
+  if (abandoned_) return;
+  {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    next_chunk_ = 0;
+    position_ = 0;
+  }
+  wake_->notify_all();
+}
+
+void PageCacheReadAhead::abandon_after_fork() {
+  abandoned_ = true;
+  // The parent's threads do not exist here: their handles are leaked (joining or destroying a
+  // joinable std::thread would wait forever or terminate), and the mutex one of them may have
+  // held at the fork is never taken again.
+  (void)new std::vector<std::thread>(std::move(workers_));
+  (void)mutex_.release();
+  (void)wake_.release();
+}
+
+std::string PageCacheReadAhead::description() const {
+  if (thread_count_ == 0) return "no read-ahead";
+  const char* how =
+      method() == PopulateMethod::PopulateRead ? "MADV_POPULATE_READ" : "MADV_WILLNEED";
+  return std::string(how) + ", " + std::to_string(thread_count_) + " workers";
+}
+
+void PageCacheReadAhead::work() {
+  while (true) {
+    Chunk chunk{};
+    {
+      std::unique_lock<std::mutex> lock(*mutex_);
+      wake_->wait(lock, [&] {
+        // Chunks the consumer has passed already are skipped: populating them would map pages
+        // behind it again, after the views part unmapped them (a consumer faster than the
+        // storage grew resident memory by the whole file).
+        while (next_chunk_ < chunks_.size() &&
+               chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_) {
+          ++next_chunk_;
+        }
+        return stopping_ || (next_chunk_ < chunks_.size() &&
+                             chunks_[next_chunk_].position < position_ + window_);
+      });
+      if (stopping_) return;
+      chunk = chunks_[next_chunk_++];
+    }
+    populate(chunk);
+  }
+}
+
+void PageCacheReadAhead::populate(const Chunk& chunk) {
+  if (method() == PopulateMethod::PopulateRead) {
+    int rc;
+    do {
+      rc = ::madvise(chunk.data, chunk.length, MADV_POPULATE_READ);
+    } while (rc != 0 && errno == EINTR);
+    if (rc == 0) {
+      chunks_populated_ += 1;
+      bytes_populated_ += chunk.length;
+      return;
+    }
+    // EINVAL: a kernel without it; keep the older advice from now on. Anything else (EFAULT
+    // past a truncated end, EIO, ENOMEM): this chunk is left to the consumer's own faults.
+    if (errno != EINVAL) return;
+    method_ = PopulateMethod::WillNeed;
+  }
+  if (::madvise(chunk.data, chunk.length, MADV_WILLNEED) == 0) {
+    chunks_populated_ += 1;
+    bytes_populated_ += chunk.length;
+  }
+}
+
+}  // namespace instanttensor::io

@@ -1,0 +1,91 @@
+// Bringing a mapped checkpoint's next bytes into memory ahead of a consumer that reads them
+// through the mapping (torch-free).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/mapped_files.h"
+
+namespace instanttensor::io {
+
+// A run of bytes of one mapped file, in the order the consumer reads them.
+struct MappedSpan {
+  size_t file = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// How the workers bring pages in, fastest first; the first one the kernel accepts is kept.
+enum class PopulateMethod {
+  PopulateRead,  // madvise(MADV_POPULATE_READ), Linux 5.14+: reads and maps, no fault later
+  WillNeed,      // madvise(MADV_WILLNEED): starts the read into the page cache; the consumer's
+                 // first touch still maps each page
+};
+
+// Workers that populate the pages of `spans` (cut into chunks of about `chunk` bytes) up to
+// `window` bytes past the consumer's position, in order, several chunks at once, so the storage
+// works while the consumer copies and the consumer takes no page fault that waits on it.
+// Population is advice: a chunk that fails (a file truncated since it was mapped answers
+// EFAULT) is skipped, never raised; the consumer meets the file as it is. Workers never touch
+// mapped bytes themselves (a truncated file cannot raise SIGBUS on them).
+//
+// Threads: advance(), restart() and the destructor are the consumer's (one thread at a time);
+// the workers only call madvise. `threads` == 0 populates nothing (the consumer faults pages in).
+class PageCacheReadAhead {
+ public:
+  PageCacheReadAhead(std::shared_ptr<const MappedFiles> files, const std::vector<MappedSpan>& spans,
+                     uint64_t window, uint64_t chunk, int threads);
+  // Stops the workers after the chunk each is populating, and joins them.
+  ~PageCacheReadAhead();
+  PageCacheReadAhead(const PageCacheReadAhead&) = delete;
+  PageCacheReadAhead& operator=(const PageCacheReadAhead&) = delete;
+
+  // The consumer now reads at `position` (bytes of the spans before it, in order): workers may
+  // populate chunks that start before position + window. Positions only grow within a pass.
+  void advance(uint64_t position);
+  // A new pass: population starts again from the first chunk (resident pages cost little).
+  void restart();
+  // In a forked child: the workers were the parent's; nothing is joined, nothing more populated.
+  void abandon_after_fork();
+
+  PopulateMethod method() const { return method_.load(); }
+  // "MADV_POPULATE_READ, 4 workers" or the like, for stats()["backend"].
+  std::string description() const;
+  uint64_t chunks_populated() const { return chunks_populated_.load(); }
+  uint64_t bytes_populated() const { return bytes_populated_.load(); }
+
+ private:
+  struct Chunk {
+    uint8_t* data;
+    uint64_t length;
+    uint64_t position;  // of its first byte among the spans
+  };
+  void work();
+  void populate(const Chunk& chunk);
+
+  std::shared_ptr<const MappedFiles> files_;
+  std::vector<Chunk> chunks_;
+  uint64_t window_;
+  int thread_count_;
+  // On the heap: a forked child leaks both, since the parent's workers were waiting on them at
+  // the fork (destroying the condition variable there waits for those waiters forever).
+  std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
+  std::unique_ptr<std::condition_variable> wake_ = std::make_unique<std::condition_variable>();
+  size_t next_chunk_ = 0;  // guarded by mutex_
+  uint64_t position_ = 0;  // guarded by mutex_
+  bool stopping_ = false;  // guarded by mutex_
+  std::atomic<PopulateMethod> method_{PopulateMethod::PopulateRead};
+  std::atomic<uint64_t> chunks_populated_{0};
+  std::atomic<uint64_t> bytes_populated_{0};
+  std::vector<std::thread> workers_;
+  bool abandoned_ = false;
+};
+
+}  // namespace instanttensor::io

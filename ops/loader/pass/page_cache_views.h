@@ -1,0 +1,104 @@
+// Host iteration over views of the page cache: a tensor is a view of the file's private mapping
+// during its step and becomes owned only if the consumer still holds it when the pass moves on.
+#pragma once
+
+#include <c10/core/StorageImpl.h>
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "instanttensor/instanttensor.h"
+#include "io/mapped_files.h"
+#include "io/page_cache_read_ahead.h"
+#include "loader/access/tensor_factory.h"
+#include "loader/pass/pass_state.h"
+
+namespace instanttensor::loader {
+
+// The host target's way through a pass (copy=true and copy=false alike, not the explicit
+// mmap+borrow contract): nothing is read into loader memory. Each tensor handed out is a view of
+// a private mapping of its file, through a storage of its own of which this part keeps one
+// reference; read-ahead workers populate the mapping up to `window` bytes ahead of the consumer.
+// When the consumer asks for the next tensor, every view handed out before the one it asked for
+// last (which a `for` loop still binds) is checked: one still held elsewhere is copied into owned
+// memory and its storage repointed (set_data_ptr_noswap, as the borrow ring does), so views of
+// it follow and it never changes again; one dropped costs nothing. So a consumer that copies and
+// drops pays one copy, its own. The last tensor of the pass (1 MiB or more) is the exception: a
+// worker reads it into owned memory beside the consumer (buffered pread), since the loop that
+// asks for it still binds it when the handle closes, which would copy it on the consumer's time.
+// Pages behind every view still checked are unmapped (MADV_DONTNEED), so resident memory stays
+// within the window plus the views held.
+//
+// Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
+class PageCacheViews {
+ public:
+  // Maps every file of `plan` (Error(Io) naming the file when one cannot be mapped) and starts
+  // `threads` read-ahead workers (0: none). `plan`, `factory` and `stats` outlive this part.
+  PageCacheViews(const PassPlan& plan, TensorFactory& factory, Stats& stats, uint64_t window,
+                 int threads);
+  ~PageCacheViews();
+  PageCacheViews(const PageCacheViews&) = delete;
+  PageCacheViews& operator=(const PageCacheViews&) = delete;
+
+  // A new pass: views still held from the last one are made owned first.
+  void begin_pass();
+  // The view of `item` (a non-empty tensor), after the views before the last one handed out
+  // were checked. Throws Error(Io) naming the file and the tensor when the file changed since
+  // open (a held view whose bytes changed under it included, after making it owned).
+  at::Tensor hand_out(size_t item);
+  // The pass ran out of tensors: every view still held is made owned (as at a step; the last
+  // one included, since a large last tensor was read into owned memory already).
+  void pass_ended();
+  // Every view still held is made owned (close, restart, a fork); never throws for a changed
+  // file (a view whose bytes are gone gets zeros past the file's new end, and is counted).
+  void release_all() noexcept;
+  // In a forked child: the read-ahead workers were the parent's.
+  void abandon_after_fork();
+  // "views of the page cache (MADV_POPULATE_READ, 4 workers)", for stats()["backend"].
+  std::string description() const;
+
+ private:
+  struct Held {
+    size_t item;
+    c10::intrusive_ptr<c10::StorageImpl> storage;
+  };
+  // The last tensor, read into owned memory by a thread of its own.
+  struct OwnedTail {
+    size_t item = SIZE_MAX;  // SIZE_MAX: none (small, or a forked child)
+    bool started = false;
+    bool complete = false;  // written by the reader; read after joining it
+    c10::DataPtr data;
+    std::thread reader;
+  };
+  // Checks every held view (but the one handed out last, with `keep_last`); returns the first
+  // change of a file met.
+  std::optional<Error> release_held(bool keep_last) noexcept;
+  // Copies a held view into owned memory; an Error when its file changed since open.
+  std::optional<Error> make_owned(const Held& held) noexcept;
+  // Unmaps the pages before the oldest view still held (or `next_item`'s first byte).
+  void drop_pages_behind(size_t next_item) noexcept;
+  // Starts reading the last tensor (allocation failure: it stays a view).
+  void start_tail_read() noexcept;
+  // The owned last tensor, once read whole; nullopt: hand out its view instead.
+  std::optional<at::Tensor> take_tail();
+  void stop_tail() noexcept;
+
+  const PassPlan& plan_;
+  TensorFactory& factory_;
+  Stats& stats_;
+  std::shared_ptr<const io::MappedFiles> mapping_;
+  std::unique_ptr<io::PageCacheReadAhead> read_ahead_;
+  std::vector<uint64_t> position_of_item_;  // bytes of the items before it, in pass order
+  std::deque<Held> held_;
+  std::vector<uint64_t> dropped_up_to_;  // per file: pages before this offset are unmapped
+  uint64_t window_;
+  size_t last_handed_out_ = SIZE_MAX;
+  OwnedTail tail_;
+};
+
+}  // namespace instanttensor::loader

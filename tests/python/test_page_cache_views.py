@@ -1,0 +1,203 @@
+"""Host iteration through views of the page cache: during its step a tensor is a view of the
+file's private mapping; one the consumer still holds when the pass moves on is copied into owned
+memory (its storage repointed, so views of it follow), so after its step a kept tensor never
+changes whatever happens to the file, and a consumer that copies and drops pays no copy of ours."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import pytest
+import torch
+from safetensors.torch import save_file as reference_save
+
+import instanttensor
+from conftest import same_bytes
+from test_fork import in_child
+
+COPIES = [True]  # copy=False on a host target keeps its borrow ring (tests/python/test_borrow.py)
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    torch.manual_seed(33)
+    tensors = {f"t{i:02d}": torch.randn(256, 1024) for i in range(12)}  # 1 MiB each
+    path = str(tmp_path / "model.safetensors")
+    reference_save(tensors, path)
+    return path, tensors
+
+
+def _data_start(path: str) -> int:
+    with open(path, "rb") as file:
+        return 8 + int.from_bytes(file.read(8), "little")
+
+
+def _rewrite_in_place(path: str) -> None:
+    """Same size, every tensor byte changed: what an in-place writer leaves."""
+    start = _data_start(path)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as file:
+        file.seek(start)
+        file.write(b"\x7f" * (size - start))
+
+
+def _rss_file_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_stats_say_views_and_a_dropping_consumer_costs_no_copy(checkpoint):
+    path, tensors = checkpoint
+    with instanttensor.safe_open(path, concurrency=2) as f:
+        assert "views of the page cache" in f.stats()["backend"]
+        destination = {}
+        for name, tensor in f.tensors():
+            destination[name] = tensor.clone()  # the consumer's copy, then it drops the view
+        stats = f.stats()
+    assert stats["materializations"] == 0
+    assert stats["bytes_read"] == sum(t.nbytes for t in tensors.values())
+    assert all(same_bytes(destination[n], tensors[n]) for n in tensors)
+
+
+@pytest.mark.parametrize("copy", COPIES)
+@pytest.mark.parametrize("change", ["rewrite", "truncate", "delete"])
+def test_kept_tensors_are_owned_once_the_pass_moves_on(checkpoint, copy, change):
+    path, tensors = checkpoint
+    with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
+        iteration = f.tensors()
+        first_name, first = next(iteration)
+        row = first[3]  # a view of the kept tensor follows it when it is copied out
+        next(iteration)
+        next(iteration)  # the pass moved past the first tensor: it owns its bytes now
+        assert f.stats()["materializations"] == 1
+        if change == "rewrite":
+            _rewrite_in_place(path)
+        elif change == "truncate":
+            os.truncate(path, _data_start(path))
+        else:
+            os.unlink(path)
+        assert same_bytes(first, tensors[first_name])  # no SIGBUS, no new bytes
+        assert torch.equal(row, tensors[first_name][3])
+        if change != "delete":
+            with pytest.raises(OSError, match="changed since it was opened"):
+                next(iteration)
+    assert same_bytes(first, tensors[first_name])
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_views_held_at_close_are_owned_after_it(checkpoint, copy):
+    path, tensors = checkpoint
+    with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
+        kept = dict(f.tensors())  # the last one is still a view when the pass ends
+    os.truncate(path, 0)
+    assert all(same_bytes(kept[n], tensors[n]) for n in tensors)
+
+
+def test_a_tensor_handed_to_another_thread_stays_right(checkpoint):
+    path, tensors = checkpoint
+    handed = []
+    ready = threading.Event()
+    check = threading.Event()
+    results = []
+
+    def other_thread():
+        ready.wait()
+        check.wait()
+        name, tensor = handed[0]
+        results.append(same_bytes(tensor, tensors[name]))
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    with instanttensor.safe_open(path, concurrency=2) as f:
+        iteration = f.tensors()
+        handed.append(next(iteration))
+        ready.set()
+        for _ in iteration:
+            pass
+        _rewrite_in_place(path)
+        check.set()
+        thread.join()
+    assert results == [True]
+
+
+def test_an_in_place_write_on_a_view_stays_private(checkpoint):
+    path, tensors = checkpoint
+    with open(path, "rb") as file:
+        before = file.read()
+    with instanttensor.safe_open(path) as f:
+        for name, tensor in f.tensors():
+            tensor.add_(1)
+            assert torch.equal(tensor, tensors[name] + 1)
+    with open(path, "rb") as file:
+        assert file.read() == before
+
+
+def test_a_checkpoint_larger_than_the_read_ahead_window_keeps_resident_memory_bounded(tmp_path):
+    tensors = {f"w{i:02d}": torch.full((1 << 20,), float(i)) for i in range(32)}  # 128 MiB
+    path = str(tmp_path / "big.safetensors")
+    reference_save(tensors, path)
+    with open(path, "rb") as file:  # warm: population is quick, so only unmapping bounds it
+        while file.read(64 << 20):
+            pass
+    gc.collect()
+    base = _rss_file_kb()
+    peak = 0
+    with instanttensor.safe_open(path, buffer_size=16 << 20, concurrency=2) as f:
+        for name, tensor in f.tensors():
+            assert tensor[-1].item() == float(int(name[1:]))
+            peak = max(peak, _rss_file_kb() - base)
+        assert f.stats()["materializations"] == 0
+    # The window (16 MiB) and the two views a step may hold (8 MiB), far below the file's 128 MiB.
+    assert peak < 48 * 1024, peak
+
+
+def test_misaligned_tensors_are_handed_out_aligned(tmp_path):
+    # A header whose length is not a multiple of 8 puts every tensor off its dtype's alignment.
+    import json
+    import struct
+
+    values = torch.arange(64, dtype=torch.float64)
+    header = {"x": {"dtype": "F64", "shape": [64], "data_offsets": [0, 512]},
+              "y": {"dtype": "I32", "shape": [4], "data_offsets": [512, 528]}}
+    raw = json.dumps(header).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8 + 3)  # 3 bytes off
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + values.numpy().tobytes()
+                     + torch.arange(4, dtype=torch.int32).numpy().tobytes())
+    with instanttensor.safe_open(str(path)) as f:
+        got = dict(f.tensors())
+        assert f.stats()["misaligned_copies"] == 2
+    assert got["x"].data_ptr() % 8 == 0 and torch.equal(got["x"], values)
+    assert torch.equal(got["y"], torch.arange(4, dtype=torch.int32))
+
+
+def test_a_fork_keeps_the_views_held_right_in_both_processes(checkpoint):
+    path, tensors = checkpoint
+    with instanttensor.safe_open(path, concurrency=2) as f:
+        iteration = f.tensors()
+        name, kept = next(iteration)
+
+        def child():
+            again = dict(f.tensors())  # a new pass in the child makes the held view owned first
+            assert all(same_bytes(again[n], tensors[n]) for n in tensors)
+            assert same_bytes(kept, tensors[name])
+            return "ok"
+
+        status, said = in_child(child)
+        assert status == 0 and said == "ok", said
+        rest = dict(iteration)
+    assert same_bytes(kept, tensors[name])
+    assert all(same_bytes(rest[n], tensors[n]) for n in rest)
+
+
+def test_an_explicit_read_backend_keeps_the_read_path(checkpoint):
+    path, tensors = checkpoint
+    with instanttensor.safe_open(path, backend="pread") as f:
+        assert f.stats()["backend"] == "pread"
+        got = dict(f.tensors())
+    assert all(same_bytes(got[n], tensors[n]) for n in tensors)
