@@ -40,7 +40,13 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
       at = end;
     }
   }
-  for (int i = 0; i < thread_count_; ++i) workers_.emplace_back([this] { work(); });
+  try {
+    for (int i = 0; i < thread_count_; ++i) workers_.emplace_back([this] { work(); });
+  } catch (...) {
+    // No thread to be had (a pid limit): read ahead with those started, or none; the consumer
+    // faults pages in itself.
+    thread_count_ = static_cast<int>(workers_.size());
+  }
 }
 
 PageCacheReadAhead::~PageCacheReadAhead() {
@@ -57,8 +63,9 @@ void PageCacheReadAhead::advance(uint64_t position) {
   if (abandoned_) return;
   {
     std::lock_guard<std::mutex> lock(*mutex_);
-    if (position <= position_) return;
-    position_ = position;
+    if (active_ && position <= position_) return;
+    active_ = true;
+    position_ = std::max(position_, position);
   }
   wake_->notify_all();
 }
@@ -69,6 +76,7 @@ void PageCacheReadAhead::restart() {
     std::lock_guard<std::mutex> lock(*mutex_);
     next_chunk_ = 0;
     position_ = 0;
+    active_ = true;
   }
   wake_->notify_all();
 }
@@ -103,8 +111,10 @@ void PageCacheReadAhead::work() {
                chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_) {
           ++next_chunk_;
         }
-        return stopping_ || (next_chunk_ < chunks_.size() &&
-                             chunks_[next_chunk_].position < position_ + window_);
+        const uint64_t ahead_limit =
+            position_ > UINT64_MAX - window_ ? UINT64_MAX : position_ + window_;
+        return stopping_ || (active_ && next_chunk_ < chunks_.size() &&
+                             chunks_[next_chunk_].position < ahead_limit);
       });
       if (stopping_) return;
       chunk = chunks_[next_chunk_++];

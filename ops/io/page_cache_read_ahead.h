@@ -36,8 +36,10 @@ enum class PopulateMethod {
 // EFAULT) is skipped, never raised; the consumer meets the file as it is. Workers never touch
 // mapped bytes themselves (a truncated file cannot raise SIGBUS on them).
 //
-// Threads: advance(), restart() and the destructor are the consumer's (one thread at a time);
-// the workers only call madvise. `threads` == 0 populates nothing (the consumer faults pages in).
+// Nothing is populated before the first advance() or restart(): an open used only for random
+// access maps nothing. Threads: advance(), restart() and the destructor are the consumer's (one
+// thread at a time); the workers only call madvise. `threads` == 0, or no thread to be had,
+// populates nothing (the consumer faults pages in).
 class PageCacheReadAhead {
  public:
   PageCacheReadAhead(std::shared_ptr<const MappedFiles> files, const std::vector<MappedSpan>& spans,
@@ -81,6 +83,7 @@ class PageCacheReadAhead {
   size_t next_chunk_ = 0;  // guarded by mutex_
   uint64_t position_ = 0;  // guarded by mutex_
   bool stopping_ = false;  // guarded by mutex_
+  bool active_ = false;    // guarded by mutex_: a pass began (nothing is populated before)
   std::atomic<PopulateMethod> method_{PopulateMethod::PopulateRead};
   std::atomic<uint64_t> chunks_populated_{0};
   std::atomic<uint64_t> bytes_populated_{0};

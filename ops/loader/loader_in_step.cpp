@@ -103,14 +103,10 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next_in_step() {
   if (!failure && pass_.rounds_done >= step_rounds_->count()) return std::nullopt;
   const size_t item = pass_.next_item;
   const size_t items = plan_.reads.items.size();
-  if (!failure && item < items && mode_.host_views) {
-    // Nothing to read; a changed file travels with the round instead of raising here alone.
-    try {
-      plan_.checkpoint->check_unchanged(plan_.tensor_of_item(item).file_index,
-                                        plan_.tensor_of_item(item).name());
-    } catch (const Error& e) {
-      failure = e;
-    }
+  if (!failure && mode_.host_views) {
+    // Nothing to read; a changed file (the next one's, or a held view's) travels with the round
+    // instead of raising here alone.
+    failure = views_->settle(item);
   } else if (!failure && item < items && !mode_.mapped_iteration) {
     try {
       if (device_ring_placement_) device_ring_placement_->release_consumed(pass_);

@@ -110,6 +110,9 @@ TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
     // Two spans, the second starting mid-page: chunks are page-aligned and cover both.
     io::PageCacheReadAhead ahead(files, {{0, 0, 3 * mib}, {0, 3 * mib + 100, 8 * mib}},
                                  /*window=*/2 * mib, /*chunk=*/mib, /*threads=*/2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(ahead.chunks_populated(), 0u);  // nothing before a pass begins
+    ahead.restart();
     ASSERT_TRUE(eventually([&] { return ahead.chunks_populated() == 2; }));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     EXPECT_EQ(ahead.chunks_populated(), 2u);  // chunks at 0 and 1 MiB: none past the window

@@ -45,14 +45,17 @@ PageCacheViews::PageCacheViews(const PassPlan& plan, TensorFactory& factory, Sta
       stats_(stats),
       mapping_(map_files(*plan.checkpoint)),
       window_(window) {
+  for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
+    const uint64_t nbytes = plan_.tensor_of_item(item).nbytes;
+    if (nbytes > 0) tail_.item = nbytes >= kOwnedTailBytes ? item : SIZE_MAX;
+  }
   std::vector<io::MappedSpan> spans;
   uint64_t position = 0;
   for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
     const auto& t = plan_.tensor_of_item(item);
     position_of_item_.push_back(position);
     position += t.nbytes;
-    if (t.nbytes == 0) continue;
-    tail_.item = t.nbytes >= kOwnedTailBytes ? item : SIZE_MAX;
+    if (t.nbytes == 0 || item == tail_.item) continue;  // the tail is read by pread
     // Neighbouring tensors make one span: chunks then cut the file, not the tensors.
     if (!spans.empty() && spans.back().file == t.file_index && spans.back().end == t.file_offset) {
       spans.back().end += t.nbytes;
@@ -78,12 +81,23 @@ void PageCacheViews::begin_pass() {
   read_ahead_->restart();
 }
 
-at::Tensor PageCacheViews::hand_out(size_t item) {
-  auto changed = release_held(/*keep_last=*/true);  // the loop still binds the last one
+std::optional<Error> PageCacheViews::settle(size_t item) noexcept {
+  const bool ending = item >= plan_.reads.items.size();
+  auto changed = release_held(/*keep_last=*/!ending);  // the loop still binds the last one
   drop_pages_behind(item);
-  if (changed) throw *changed;
+  if (changed || ending) return changed;
   const auto& t = plan_.tensor_of_item(item);
-  plan_.checkpoint->check_unchanged(t.file_index, t.name());
+  try {
+    plan_.checkpoint->check_unchanged(t.file_index, t.name());
+  } catch (const Error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+at::Tensor PageCacheViews::hand_out(size_t item) {
+  if (auto changed = settle(item)) throw *changed;
+  const auto& t = plan_.tensor_of_item(item);
   last_handed_out_ = item;
   read_ahead_->advance(position_of_item_[item]);
   // From the first step on: the read then overlaps the consumer's whole pass.
@@ -105,9 +119,7 @@ at::Tensor PageCacheViews::hand_out(size_t item) {
 void PageCacheViews::pass_ended() {
   // Every view, the last one's included: a large last tensor was read owned (the tail), so
   // only a small one is copied here, and numpy arrays made after the pass share owned memory.
-  auto changed = release_held(/*keep_last=*/false);
-  drop_pages_behind(plan_.reads.items.size());
-  if (changed) throw *changed;
+  if (auto changed = settle(plan_.reads.items.size())) throw *changed;
 }
 
 void PageCacheViews::release_all() noexcept {
@@ -133,19 +145,25 @@ std::optional<Error> PageCacheViews::release_held(bool keep_last) noexcept {
     held_.pop_front();
     // Our reference is the only one left: the consumer dropped every view of it.
     if (held.storage.use_count() == 1) continue;
-    auto error = make_owned(held);
+    std::optional<Error> error;
+    const bool owned = make_owned(held, error);
     if (error && !changed) changed = std::move(error);
+    if (!owned) {
+      // Still a view (no memory for its copy): tracked again, and its pages stay mapped.
+      held_.push_front(std::move(held));
+      break;
+    }
   }
   return changed;
 }
 
-std::optional<Error> PageCacheViews::make_owned(const Held& held) noexcept {
+bool PageCacheViews::make_owned(const Held& held, std::optional<Error>& changed) noexcept {
   auto start = Clock::now();
   const auto& t = plan_.tensor_of_item(held.item);
   const auto& file = plan_.checkpoint->files()[t.file_index];
   c10::StorageImpl& storage = *held.storage;
   const uint64_t nbytes = storage.nbytes();
-  std::optional<Error> changed;
+  bool owned = false;
   try {
     plan_.checkpoint->check_unchanged(t.file_index, t.name());
   } catch (const Error& e) {
@@ -178,12 +196,13 @@ std::optional<Error> PageCacheViews::make_owned(const Held& held) noexcept {
         FreshKeepingTheMapping{std::move(fresh), mapping_});
     storage.set_data_ptr_noswap(data_kept_by(to, std::move(both)));
     stats_.materializations += 1;
-  } catch (const std::exception& e) {
-    // No memory for it: the tensor stays a view of the mapping (valid while the file is).
-    if (!changed) changed.emplace(ErrorKind::Io, file.path, t.name(), e.what());
+    owned = true;
+  } catch (...) {
+    // No memory for it: the tensor stays a view of the mapping (valid while the file is), and
+    // the caller keeps tracking it.
   }
   stats_.copy_seconds += seconds_since(start);
-  return changed;
+  return owned;
 }
 
 void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {

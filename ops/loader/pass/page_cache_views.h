@@ -47,9 +47,14 @@ class PageCacheViews {
 
   // A new pass: views still held from the last one are made owned first.
   void begin_pass();
-  // The view of `item` (a non-empty tensor), after the views before the last one handed out
-  // were checked. Throws Error(Io) naming the file and the tensor when the file changed since
-  // open (a held view whose bytes changed under it included, after making it owned).
+  // The step to `item` (items.size(): the end of the pass) without handing anything out: the
+  // views before the last one handed out (all of them at the end) are checked, pages behind
+  // unmapped, and `item`'s file checked. A change of a file is returned, not thrown, so ranks in
+  // step carry it in their status round.
+  std::optional<Error> settle(size_t item) noexcept;
+  // The view of `item` (a non-empty tensor), after settle(item). Throws Error(Io) naming the file
+  // and the tensor when the file changed since open (a held view whose bytes changed under it
+  // included, after making it owned).
   at::Tensor hand_out(size_t item);
   // The pass ran out of tensors: every view still held is made owned (as at a step; the last
   // one included, since a large last tensor was read into owned memory already).
@@ -78,8 +83,9 @@ class PageCacheViews {
   // Checks every held view (but the one handed out last, with `keep_last`); returns the first
   // change of a file met.
   std::optional<Error> release_held(bool keep_last) noexcept;
-  // Copies a held view into owned memory; an Error when its file changed since open.
-  std::optional<Error> make_owned(const Held& held) noexcept;
+  // Copies a held view into owned memory; false when there was no memory for it (it stays a
+  // view). `changed`: set when its file changed since open.
+  bool make_owned(const Held& held, std::optional<Error>& changed) noexcept;
   // Unmaps the pages before the oldest view still held (or `next_item`'s first byte).
   void drop_pages_behind(size_t next_item) noexcept;
   // Starts reading the last tensor (allocation failure: it stays a view).
