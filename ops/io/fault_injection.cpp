@@ -8,6 +8,9 @@
 
 namespace instanttensor::io {
 
+#ifdef INSTANTTENSOR_TESTING_HOOKS
+bool testing_hooks_built() { return true; }
+
 namespace {
 std::atomic<bool> armed{false};  // the hot path pays one relaxed load when disarmed
 std::mutex plan_mutex;
@@ -64,5 +67,9 @@ int injected_uring_submit_failure() {
   if (!armed.load() || plan.fail_uring_submit == 0) return 0;
   return ++uring_submits > plan.fail_uring_submit_after ? plan.fail_uring_submit : 0;
 }
+
+#else
+bool testing_hooks_built() { return false; }
+#endif
 
 }  // namespace instanttensor::io

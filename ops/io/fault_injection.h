@@ -1,5 +1,8 @@
 // Test-only fault injection for the read path. Nothing reads the environment: only code that
-// includes this header and arms a plan (the test suites) can make reads fail.
+// includes this header and arms a plan (the test suites) can make reads fail. It exists only in
+// a library built with INSTANTTENSOR_TESTING_HOOKS (CMake option of that name, on for the test
+// builds): in a release build the backends' questions below are constant answers the compiler
+// removes, and arm_faults is not there to call.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,10 @@ struct FaultPlan {
   int fail_uring_submit_after = 0;  // ... once this many submits have worked
 };
 
+// Whether this library was built with the test switches (any thread).
+bool testing_hooks_built();
+
+#ifdef INSTANTTENSOR_TESTING_HOOKS
 // Arms `plan` for every read from now on (any thread; process-wide) and resets the call
 // counter. disarm_faults() restores normal reads.
 void arm_faults(const FaultPlan& plan);
@@ -29,5 +36,10 @@ int injected_fault(uint64_t* length);
 bool injected_uring_setup_failure();
 // The errno an io_uring submit should report instead of submitting, or 0.
 int injected_uring_submit_failure();
+#else
+inline int injected_fault(uint64_t*) { return 0; }
+inline bool injected_uring_setup_failure() { return false; }
+inline int injected_uring_submit_failure() { return 0; }
+#endif
 
 }  // namespace instanttensor::io

@@ -225,12 +225,14 @@ void Loader::compose_parts() {
     for (size_t index : plan_.reads.items) {
       item_bytes.push_back(plan_.checkpoint->tensors()[index].nbytes);
     }
+    uint64_t stride = loader::StepRounds::kStrideBytes;
+#ifdef INSTANTTENSOR_TESTING_HOOKS
     // Test-only: INSTANTTENSOR_TESTING_STEP_ROUND_BYTES=<bytes> puts rounds closer, so small
     // test checkpoints meet between their first and last tensor too.
-    uint64_t stride = loader::StepRounds::kStrideBytes;
     if (const char* testing = std::getenv("INSTANTTENSOR_TESTING_STEP_ROUND_BYTES")) {
       stride = loader::parse_byte_size(testing, "INSTANTTENSOR_TESTING_STEP_ROUND_BYTES");
     }
+#endif
     step_rounds_ = std::make_unique<loader::StepRounds>(item_bytes, stride);
   }
   factory_ = std::make_unique<loader::TensorFactory>(*plan_.checkpoint, stage_.get(), stats_);

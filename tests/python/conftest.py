@@ -44,3 +44,11 @@ def _clean_instanttensor_environment(monkeypatch):
     for name in list(os.environ):
         if name.startswith("INSTANTTENSOR_"):
             monkeypatch.delenv(name)
+
+
+def pytest_report_header(config):
+    # The suites arm faults and set INSTANTTENSOR_TESTING_* variables: they need a build with the
+    # testing hooks (scripts/test.sh installs one), which this line shows as "testing-hooks".
+    import instanttensor  # noqa: F401  (loads the library)
+
+    return f"instanttensor build: {torch.ops.instanttensor.build_info()}"

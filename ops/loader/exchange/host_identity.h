@@ -15,8 +15,9 @@ namespace instanttensor::loader {
 // the same files, not copies of them: two containers bind-mounting one folder agree; two
 // machines, or two copies of the files, do not. (A hostname would make two containers on one
 // machine differ though they share its cache, and says nothing about which files they see.)
-// Test-only: INSTANTTENSOR_TESTING_HOST_ID=<text> replaces the identity with a digest of the
-// text, so a test on one machine can play several hosts. Any thread; reads /proc and fstat.
+// Test-only, in a library built with INSTANTTENSOR_TESTING_HOOKS:
+// INSTANTTENSOR_TESTING_HOST_ID=<text> replaces the identity with a digest of the text, so a test
+// on one machine can play several hosts. Any thread; reads /proc and fstat.
 uint64_t host_identity(const std::vector<int>& fds);
 
 // From every rank's identity (index: rank), what `rank` shares: how many ranks (itself

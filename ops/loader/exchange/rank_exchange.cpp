@@ -13,10 +13,15 @@ namespace {
 constexpr int64_t kStatusBytes = 8;
 constexpr int64_t kMessageBytes = 1016;  // status word + message: 1 KiB per rank per unit
 
-// Test-only: INSTANTTENSOR_TESTING_TRACE_COLLECTIVES=<prefix> (read at load) appends one line per
+// Test-only, in a library built with INSTANTTENSOR_TESTING_HOOKS:
+// INSTANTTENSOR_TESTING_TRACE_COLLECTIVES=<prefix> (read at load) appends one line per
 // collective this process issues to <prefix>.rank<N>, so a test can assert that every rank made
 // the same calls in the same order under injected failures. Unset: nothing is written.
+#ifdef INSTANTTENSOR_TESTING_HOOKS
 const char* const kTracePrefix = std::getenv("INSTANTTENSOR_TESTING_TRACE_COLLECTIVES");
+#else
+const char* const kTracePrefix = nullptr;  // a release build traces nothing
+#endif
 
 bool tracing() { return kTracePrefix != nullptr; }
 

@@ -32,7 +32,8 @@ class CopyFence {
   std::shared_ptr<c10::Event> event_;
 };
 
-// Test-only: INSTANTTENSOR_TESTING_DROP_FENCE=<site> (read at load) makes the fence of that site a
+// Test-only, in a library built with INSTANTTENSOR_TESTING_HOOKS (a release build drops none):
+// INSTANTTENSOR_TESTING_DROP_FENCE=<site> (read at load) makes the fence of that site a
 // no-op, so the device tests can show they catch its absence (scripts/check_fences.sh). Sites:
 // staging_reuse, release, retained_reads, landed, load_into_start, load_into_done, materialize,
 // close, owned_free (the loader's stream recorded on owned memory it drops). Unset: every fence
