@@ -65,7 +65,7 @@ struct LoadMode {
   bool mapped_access = false;     // random access hands out views of the file mapping
   bool mapped_iteration = false;  // iteration too: no ring, no reads
   // Iteration hands out views of the page cache, made owned when kept past their step
-  // (copy=true): no reads into loader memory.
+  // (copy=true and copy=false alike): no reads into loader memory.
   bool host_views = false;
   ExchangePlace exchange = ExchangePlace::Local;
   // A process group that cannot exchange the target's bytes: every rank reads alone (the

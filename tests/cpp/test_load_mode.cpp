@@ -181,9 +181,9 @@ TEST(LoadMode, DestinationsAndSharesFollowTheMode) {
   EXPECT_FALSE(forced.moves_to_target(5, budget));  // a CPU target has nowhere to move to
 }
 
-// Host views (a backend chain starting with auto or mmap): wherever a host target reads alone
-// with copy=true, but never where bytes go through the stage or an exchange; copy=false keeps
-// its ring, and the explicit mmap+borrow contract its views for life.
+// Host views (a backend chain starting with auto or mmap): wherever a host target reads alone,
+// copy=true or false, but never where bytes go through the stage or an exchange; the explicit
+// mmap+borrow contract keeps its views for life.
 TEST(LoadMode, HostViewsWhereAHostTargetReadsAlone) {
   struct ViewsRow {
     const char* what;
@@ -196,7 +196,8 @@ TEST(LoadMode, HostViewsWhereAHostTargetReadsAlone) {
   };
   const ViewsRow rows[] = {
       {"cpu copy", views(inputs(false, true)), true},
-      {"cpu borrow: the ring, for now", views(inputs(false, false)), false},
+      {"cpu borrow: views too", views(inputs(false, false)), true},
+      {"cpu borrow in a group reading alone", views(inputs(false, false, true, true)), true},
       {"cpu copy mmap", views(with(inputs(false, true), false, false, true)), true},
       {"cpu borrow mmap: views for life instead",
        views(with(inputs(false, false), false, false, true)), false},

@@ -269,7 +269,10 @@ TEST(Loader, HoldingTheLiveItemOnlyIsFree) {
   while ((item = f.next())) {
     EXPECT_TRUE(same_bytes(item->second, model.tensors[item->first]));
   }
-  EXPECT_EQ(f.stats().materializations, 0u);
+  // Through a ring nothing is copied. Views of the page cache: `item` still holds the last
+  // (small) tensor when the call that ends the pass settles it, so that one is copied out.
+  Stats s = f.stats();
+  EXPECT_EQ(s.materializations, testing::iterates_views(s.backend) ? 1u : 0u) << s.backend;
 }
 
 TEST(Loader, TinyBufferStillProgressesAndStaysCorrect) {

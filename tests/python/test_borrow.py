@@ -12,7 +12,9 @@ from conftest import same_bytes
 
 def test_views_are_zero_copy_inside_one_bounded_buffer(model_files):
     paths, tensors = model_files
-    with instanttensor.safe_open(paths, copy=False, buffer_size=64 << 10) as f:
+    # A named read backend: the ring (auto hands out views of the page cache on the host,
+    # tests/python/test_page_cache_views.py).
+    with instanttensor.safe_open(paths, copy=False, buffer_size=64 << 10, backend="pread") as f:
         pointers = []
         for name, tensor in f.tensors():
             assert same_bytes(tensor, tensors[name])
@@ -91,7 +93,7 @@ def test_tensors_held_at_close_stay_in_place_and_the_rest_of_the_buffer_goes(tmp
     tensors = {f"w{i:02d}": torch.randn(1024, 1024) for i in range(12)}  # 4 MiB each
     path = str(tmp_path / "model.safetensors")
     save_file(tensors, path)
-    with instanttensor.safe_open(path, copy=False, buffer_size=40 << 20) as f:
+    with instanttensor.safe_open(path, copy=False, buffer_size=40 << 20, backend="pread") as f:
         for name, tensor in f.tensors():
             view = tensor[1:]  # a view shares the storage
         address = tensor.data_ptr()

@@ -6,6 +6,7 @@ changes whatever happens to the file, and a consumer that copies and drops pays 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 
@@ -17,7 +18,7 @@ import instanttensor
 from conftest import same_bytes
 from test_fork import in_child
 
-COPIES = [True]  # copy=False on a host target keeps its borrow ring (tests/python/test_borrow.py)
+COPIES = [True, False]  # a borrowed view too is copied out if held when the iteration moves on
 
 
 @pytest.fixture
@@ -65,6 +66,23 @@ def test_stats_say_views_and_a_dropping_consumer_costs_no_copy(checkpoint):
 
 
 @pytest.mark.parametrize("copy", COPIES)
+def test_during_its_step_a_tensor_is_a_view_of_the_file(checkpoint, copy):
+    # Zero-copy: two tensors of one file lie as far apart in memory as in the file. The last
+    # tensor is read into owned memory (the loop still binds it when the pass ends).
+    path, tensors = checkpoint
+    with open(path, "rb") as file:
+        file.seek(8)
+        header = json.loads(file.read(_data_start(path) - 8))
+    offsets = {n: header[n]["data_offsets"][0] for n in tensors}
+    with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
+        pointers = {name: tensor.data_ptr() for name, tensor in f.tensors()}
+        assert f.stats()["materializations"] == 0
+    names = sorted(tensors, key=offsets.get)[:-1]
+    for a, b in zip(names, names[1:]):
+        assert pointers[b] - pointers[a] == offsets[b] - offsets[a], (a, b)
+
+
+@pytest.mark.parametrize("copy", COPIES)
 @pytest.mark.parametrize("change", ["rewrite", "truncate", "delete"])
 def test_kept_tensors_are_owned_once_the_pass_moves_on(checkpoint, copy, change):
     path, tensors = checkpoint
@@ -98,7 +116,8 @@ def test_views_held_at_close_are_owned_after_it(checkpoint, copy):
     assert all(same_bytes(kept[n], tensors[n]) for n in tensors)
 
 
-def test_a_tensor_handed_to_another_thread_stays_right(checkpoint):
+@pytest.mark.parametrize("copy", COPIES)
+def test_a_tensor_handed_to_another_thread_stays_right(checkpoint, copy):
     path, tensors = checkpoint
     handed = []
     ready = threading.Event()
@@ -113,7 +132,7 @@ def test_a_tensor_handed_to_another_thread_stays_right(checkpoint):
 
     thread = threading.Thread(target=other_thread)
     thread.start()
-    with instanttensor.safe_open(path, concurrency=2) as f:
+    with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
         iteration = f.tensors()
         handed.append(next(iteration))
         ready.set()
@@ -125,11 +144,12 @@ def test_a_tensor_handed_to_another_thread_stays_right(checkpoint):
     assert results == [True]
 
 
-def test_an_in_place_write_on_a_view_stays_private(checkpoint):
+@pytest.mark.parametrize("copy", COPIES)
+def test_an_in_place_write_on_a_view_stays_private(checkpoint, copy):
     path, tensors = checkpoint
     with open(path, "rb") as file:
         before = file.read()
-    with instanttensor.safe_open(path) as f:
+    with instanttensor.safe_open(path, copy=copy) as f:
         for name, tensor in f.tensors():
             tensor.add_(1)
             assert torch.equal(tensor, tensors[name] + 1)
@@ -137,7 +157,9 @@ def test_an_in_place_write_on_a_view_stays_private(checkpoint):
         assert file.read() == before
 
 
-def test_a_checkpoint_larger_than_the_read_ahead_window_keeps_resident_memory_bounded(tmp_path):
+@pytest.mark.parametrize("copy", COPIES)
+def test_a_checkpoint_larger_than_the_read_ahead_window_keeps_resident_memory_bounded(tmp_path,
+                                                                                   copy):
     tensors = {f"w{i:02d}": torch.full((1 << 20,), float(i)) for i in range(32)}  # 128 MiB
     path = str(tmp_path / "big.safetensors")
     reference_save(tensors, path)
@@ -147,7 +169,7 @@ def test_a_checkpoint_larger_than_the_read_ahead_window_keeps_resident_memory_bo
     gc.collect()
     base = _rss_file_kb()
     peak = 0
-    with instanttensor.safe_open(path, buffer_size=16 << 20, concurrency=2) as f:
+    with instanttensor.safe_open(path, copy=copy, buffer_size=16 << 20, concurrency=2) as f:
         for name, tensor in f.tensors():
             assert tensor[-1].item() == float(int(name[1:]))
             peak = max(peak, _rss_file_kb() - base)
@@ -176,9 +198,10 @@ def test_misaligned_tensors_are_handed_out_aligned(tmp_path):
     assert torch.equal(got["y"], torch.arange(4, dtype=torch.int32))
 
 
-def test_a_fork_keeps_the_views_held_right_in_both_processes(checkpoint):
+@pytest.mark.parametrize("copy", COPIES)
+def test_a_fork_keeps_the_views_held_right_in_both_processes(checkpoint, copy):
     path, tensors = checkpoint
-    with instanttensor.safe_open(path, concurrency=2) as f:
+    with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
         iteration = f.tensors()
         name, kept = next(iteration)
 
