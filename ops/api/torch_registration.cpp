@@ -8,6 +8,7 @@
 #include "instanttensor/instanttensor.h"
 #include "io/fault_injection.h"
 #include "loader/options.h"
+#include "plan/defaults.h"
 
 namespace instanttensor {
 
@@ -87,6 +88,16 @@ std::string build_info() {
   return std::string("instanttensor ") + INSTANTTENSOR_VERSION + " torch " +
          INSTANTTENSOR_TORCH_VERSION +
          (instanttensor::io::testing_hooks_built() ? " testing-hooks" : "");
+}
+
+// ([variables], [defaults as text]): plan/defaults.h's table, for the README's check.
+std::tuple<std::vector<std::string>, std::vector<std::string>> defaults_op() {
+  std::vector<std::string> variables, values;
+  for (const auto& row : instanttensor::plan::defaults::default_table()) {
+    variables.push_back(row.variable);
+    values.push_back(row.value);
+  }
+  return {variables, values};
 }
 
 std::tuple<std::vector<std::string>, std::vector<std::string>> dtype_table_op() {
@@ -206,6 +217,8 @@ TORCH_LIBRARY(instanttensor, m) {
   m.def("build_info() -> str", &build_info);
   // ([torch attribute names], [format names]): the element types, from the one C++ table.
   m.def("dtype_table() -> (str[], str[])", &dtype_table_op);
+  // ([environment variables], [their defaults as the README states them]).
+  m.def("defaults() -> (str[], str[])", &defaults_op);
   // Header-only: the Python layer matches tensor_filter patterns against these names.
   m.def("tensor_names(str[] files) -> str[]", &tensor_names);
   // The share of free accelerator memory the loader may use (max_free_mem_usage, the

@@ -84,9 +84,14 @@ int64_t cached_pages(int fd, uint64_t offset, uint64_t length, uint64_t page, bo
 }
 }  // namespace
 
+uint64_t page_size() {
+  static const uint64_t size = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+
 double resident_fraction(int fd, uint64_t size, bool allow_cachestat) {
   if (size == 0) return 0.0;
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t page = page_size();
   const uint64_t window = kSampleWindowBytes;
   const bool sampled = size > window * kSampleWindows;
   const uint64_t windows = sampled ? kSampleWindows : 1;

@@ -19,6 +19,10 @@ struct DirectIoAlignment {
 // kernel reports no direct I/O support; the caller then reads buffered. The caller owns the fd.
 int open_direct(const std::string& path, DirectIoAlignment* alignment);
 
+// The kernel's page size in bytes, read once (mappings, mincore and unmapping work in pages).
+// Any thread.
+uint64_t page_size();
+
 // Fraction (0..1) of the file's pages resident in the page cache: exact up to 16 MiB, above
 // that estimated from 64 windows of 256 KiB spread over the file (a few hundred microseconds
 // whatever the size). Counts with cachestat(2), or mincore over a mapping that is never touched

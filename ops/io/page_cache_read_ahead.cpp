@@ -6,20 +6,13 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "io/direct_io.h"
+
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14; older headers lack the name, older kernels EINVAL
 #endif
 
 namespace instanttensor::io {
-
-namespace {
-
-uint64_t page_size() {
-  static const uint64_t size = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  return size;
-}
-
-}  // namespace
 
 PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
                                        const std::vector<MappedSpan>& spans, uint64_t window,

@@ -21,10 +21,7 @@ using loader::seconds_since;
 namespace {
 
 constexpr uint64_t kRingAlignment = 64;
-constexpr uint64_t kDefaultChunk = 8ull << 20;
-constexpr int kDefaultConcurrency = 4;
-constexpr uint64_t kInlineReadBytes = 8ull << 20;
-constexpr int kDefaultIoDepth = 32;
+using plan::defaults::kInlineReadBytes;
 
 // Accelerators: "cuda" means the current device, resolved now, so the loader's stream and every
 // tensor handed out carry a concrete index.
@@ -65,7 +62,7 @@ void Loader::open_io() {
 }
 
 uint64_t Loader::requested_chunk() const {
-  return options_.chunk_size ? options_.chunk_size : kDefaultChunk;
+  return options_.chunk_size ? options_.chunk_size : plan::defaults::kChunkBytes;
 }
 
 bool Loader::shares_host() const {
@@ -175,7 +172,7 @@ void Loader::size_and_plan(std::vector<size_t> selected) {
 }
 
 void Loader::start_reads() {
-  int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
+  int threads = options_.concurrency ? options_.concurrency : plan::defaults::kConcurrency;
   if (!options_.concurrency && !io_->direct() && io_->mostly_resident()) {
     // Buffered reads of cached files (and copies from a mapping) are memory copies done by the
     // CPU: more workers than cores only contend (on page faults of fresh memory above all).
@@ -195,7 +192,7 @@ void Loader::start_reads() {
   if (shares_host()) {
     io_->add_note(c10::str(exchange_->topology().local_ranks, " ranks on this host"));
   }
-  int depth = options_.io_depth ? options_.io_depth : kDefaultIoDepth;
+  int depth = options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_);
 }
 
@@ -238,7 +235,7 @@ void Loader::compose_parts() {
   factory_ = std::make_unique<loader::TensorFactory>(*plan_.checkpoint, stage_.get(), stats_);
   if (mode_.host_views) {
     // Small checkpoints: the consumer's own page faults cost less than starting workers.
-    int threads = options_.concurrency ? options_.concurrency : kDefaultConcurrency;
+    int threads = options_.concurrency ? options_.concurrency : plan::defaults::kConcurrency;
     if (!options_.concurrency && plan_.reads.total_bytes <= kInlineReadBytes) threads = 0;
     // Files in the page cache: populating maps pages the consumer's own faults map as fast (16
     // at a time), and on few cores the workers take the consumer's time (1 GB warm: 0.35-0.5 s

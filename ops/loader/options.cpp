@@ -162,7 +162,7 @@ double free_memory_share(std::optional<double> given) {
     return *given;
   }
   auto text = env("INSTANTTENSOR_MAX_FREE_MEM_USAGE");
-  if (!text) return kDefaultFreeMemoryShare;
+  if (!text) return plan::defaults::kFreeMemoryShare;
   char* end = nullptr;
   double value = std::strtod(text->c_str(), &end);
   if (text->empty() || *end != '\0' || !(value > 0.0 && value <= 1.0)) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "instanttensor/instanttensor.h"
+#include "plan/defaults.h"
 #include "plan/load_mode.h"
 
 namespace instanttensor::loader {
@@ -39,10 +40,9 @@ struct ResolvedOptions {
 ResolvedOptions resolve_options(const OpenOptions& options);
 
 // The share of an accelerator's free memory the loader may use: `given` (max_free_mem_usage),
-// else INSTANTTENSOR_MAX_FREE_MEM_USAGE, else kDefaultFreeMemoryShare. A value outside (0, 1]
-// is Error(Argument) naming the option or variable. The one parse of both (the Python layer
-// asks for it through torch.ops.instanttensor.free_memory_share). Any thread.
-constexpr double kDefaultFreeMemoryShare = 0.5;
+// else INSTANTTENSOR_MAX_FREE_MEM_USAGE, else plan::defaults::kFreeMemoryShare. A value outside (0,
+// 1] is Error(Argument) naming the option or variable. The one parse of both (the Python layer asks
+// for it through torch.ops.instanttensor.free_memory_share). Any thread.
 double free_memory_share(std::optional<double> given);
 
 // Parses a byte count: a positive integer, optionally followed by K, M or G (powers of 1024).

@@ -7,11 +7,11 @@
 namespace instanttensor::loader {
 
 namespace {
-constexpr uint64_t kDefaultReadAhead = 256ull << 20;
+using plan::defaults::kReadAheadBytes;
 }  // namespace
 
 uint64_t staging_ring_bytes(uint64_t requested, const std::string& file) {
-  uint64_t bytes = requested ? requested : kDefaultStagingBytes;
+  uint64_t bytes = requested ? requested : plan::defaults::kStagingBytes;
   if (bytes < kMinStagingBytes) {
     throw Error(ErrorKind::Argument, file, "",
                 "staging_size=" + std::to_string(bytes) + " bytes is below the " +
@@ -50,7 +50,7 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
                     std::to_string(need) + ")");
   };
   const uint64_t count = in.tensor_bytes.size();
-  const uint64_t read_ahead = std::max<uint64_t>(std::min(total, kDefaultReadAhead), 1);
+  const uint64_t read_ahead = std::max<uint64_t>(std::min(total, kReadAheadBytes), 1);
   MemoryPlan plan;
   plan.layout = UnitLayout(in.chunk_size, in.world);
   const uint64_t padding = exchanging ? plan.layout.padding() : 0;
@@ -66,7 +66,7 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
     const uint64_t slot = largest + overhead;
     const uint64_t whole = total + overhead * count + slot;
     plan.buffer_size =
-        in.buffer_size ? in.buffer_size : std::min(2 * slot + kDefaultReadAhead, whole);
+        in.buffer_size ? in.buffer_size : std::min(2 * slot + kReadAheadBytes, whole);
     if (slot > plan.buffer_size) {
       refuse(largest_index, "a borrow buffer of buffer_size", plan.buffer_size, slot);
     }
@@ -102,7 +102,7 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
   const uint64_t whole = total_device + (kDeviceRingAlignment + padding) * count + slot;
   plan.buffer_size = in.buffer_size
                          ? in.buffer_size
-                         : std::min({2 * slot + kDefaultReadAhead, whole, in.device_budget});
+                         : std::min({2 * slot + kReadAheadBytes, whole, in.device_budget});
   if (slot > plan.buffer_size) {
     refuse(largest_device_index, "a device buffer of buffer_size", plan.buffer_size, slot);
   }

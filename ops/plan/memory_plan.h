@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "plan/defaults.h"
 #include "plan/unit_layout.h"
 
 namespace instanttensor::loader {
@@ -15,15 +16,15 @@ namespace instanttensor::loader {
 struct MemoryInputs {
   std::vector<uint64_t> tensor_bytes;  // the selected tensors, any order
   bool copy = true;
-  bool staged = false;                  // through the transfer stage (accelerator, or forced)
-  bool host_fallback = false;           // staged: tensors over the budget stay on the host
-  int world = 1;                        // ranks exchanging units (1: none)
-  uint64_t buffer_size = 0;             // explicit, or 0 to derive
-  uint64_t staging_size = 0;            // explicit, or 0 for the default
-  uint64_t chunk_size = 8ull << 20;     // bytes per read request
-  uint64_t read_widening = 0;           // O_DIRECT widening of one read (both ends)
-  uint64_t ring_alignment = 64;         // placement alignment in the host rings
-  uint64_t device_budget = UINT64_MAX;  // staged: device bytes the loader may use
+  bool staged = false;         // through the transfer stage (accelerator, or forced)
+  bool host_fallback = false;  // staged: tensors over the budget stay on the host
+  int world = 1;               // ranks exchanging units (1: none)
+  uint64_t buffer_size = 0;    // explicit, or 0 to derive
+  uint64_t staging_size = 0;   // explicit, or 0 for the default
+  uint64_t chunk_size = plan::defaults::kChunkBytes;  // bytes per read request
+  uint64_t read_widening = 0;                         // O_DIRECT widening of one read (both ends)
+  uint64_t ring_alignment = 64;                       // placement alignment in the host rings
+  uint64_t device_budget = UINT64_MAX;                // staged: device bytes the loader may use
 };
 
 struct MemoryPlan {
@@ -32,7 +33,7 @@ struct MemoryPlan {
   uint64_t staging_bytes = 0;      // staged: the staging ring
   uint64_t device_ring_bytes = 0;  // staged: the device ring (0: owned device tensors)
   uint64_t max_group_bytes = 0;    // read groups merge neighbours up to this (0: one tensor)
-  UnitLayout layout{8ull << 20, 1};
+  UnitLayout layout{plan::defaults::kChunkBytes, 1};
 };
 
 // Names a tensor of `tensor_bytes` by its index: (file, tensor name), for errors.
@@ -45,8 +46,8 @@ using DescribeTensor = std::function<std::pair<std::string, std::string>(size_t)
 MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
                        const std::string& file);
 
-// The staging ring's size: `requested` (0: kDefaultStagingBytes), or Error(Argument) naming
-// `file` below kMinStagingBytes. Used by the staged path and by load_into's bounce ring.
+// The staging ring's size: `requested` (0: plan::defaults::kStagingBytes), or Error(Argument)
+// naming `file` below kMinStagingBytes. Used by the staged path and by load_into's bounce ring.
 uint64_t staging_ring_bytes(uint64_t requested, const std::string& file);
 
 // The most bytes one read may stream through a staging ring of `staging_bytes`: half of it minus
@@ -57,7 +58,6 @@ uint64_t staging_slice_bytes(uint64_t chunk_size, uint64_t staging_bytes, uint64
 // The largest O_DIRECT alignment planned for: ranks exchanging must size alike whatever each
 // one's filesystem alignment is, so they plan with this one.
 constexpr uint64_t kMaxDirectAlignment = 4096;
-constexpr uint64_t kDefaultStagingBytes = 64ull << 20;  // a few chunks, a power of two
 constexpr uint64_t kMinStagingBytes = 32ull << 10;
 constexpr uint64_t kDeviceRingAlignment = 256;  // what device allocators hand out
 

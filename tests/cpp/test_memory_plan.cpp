@@ -64,7 +64,7 @@ TEST(MemoryPlan, StagingIsSmallAndFixedWhateverTheTensors) {
   auto in = inputs({4ull << 30, 1 << 20});  // a 4 GiB tensor
   in.staged = true;
   auto plan = plan_memory(in, name_of, "m.safetensors");
-  EXPECT_EQ(plan.staging_bytes, kDefaultStagingBytes);
+  EXPECT_EQ(plan.staging_bytes, plan::defaults::kStagingBytes);
   EXPECT_LE(plan.layout.unit_bytes, plan.staging_bytes / 2);  // shares stream through it
   in.staging_size = 1024;
   EXPECT_NE(error_of(in).find("staging_size=1024 bytes is below"), std::string::npos);

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "io/direct_io.h"
 #include "loader/reads/timing.h"
 #include "loader/transfer/storage_views.h"
 
@@ -22,11 +23,6 @@ constexpr int64_t kCopyGrain = 4 << 20;
 // as a view: the loop that asks for it still binds it at close, which would copy it then, on the
 // consumer's time (the 262 MB lm_head of a 1 GB model: 0.12-0.4 s of a 0.2 s warm load).
 constexpr uint64_t kOwnedTailBytes = 1ull << 20;
-
-uint64_t page_size() {
-  static const uint64_t size = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  return size;
-}
 
 std::shared_ptr<const io::MappedFiles> map_files(const format::Checkpoint& checkpoint) {
   std::vector<io::FileToRead> files;
@@ -213,7 +209,7 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
   if (oldest < items) {
     const auto& t = plan_.tensor_of_item(oldest);
     up_to_file = t.file_index;
-    up_to_offset = t.file_offset / page_size() * page_size();
+    up_to_offset = t.file_offset / io::page_size() * io::page_size();
   }
   auto drop = [&](size_t file, uint64_t end) {
     uint64_t& begin = dropped_up_to_[file];

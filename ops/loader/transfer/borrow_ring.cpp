@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "io/direct_io.h"
 #include "loader/transfer/storage_views.h"
 #include "pool/host_buffer.h"
 
@@ -152,7 +153,7 @@ void BorrowRing::hand_over_retained() {
   for (auto& region : regions_) region.storages.clear();  // nothing left to copy out
   // Give the pages no retained tensor touches back to the system now; the address range goes
   // when the last retained tensor does.
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto page = static_cast<uintptr_t>(io::page_size());
   std::sort(retained.begin(), retained.end(),
             [](auto* a, auto* b) { return a->data() < b->data(); });
   auto base = reinterpret_cast<uintptr_t>(owner->get());
