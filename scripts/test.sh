@@ -20,7 +20,7 @@ echo "== the testing install (test switches compiled in) for the suites below"
 CMAKE_ARGS="-DINSTANTTENSOR_TESTING_HOOKS=ON" "${PYTHON:-python3}" -m pip install -q \
   --no-build-isolation .
 echo "== ctest"
-(cd build && ctest --output-on-failure -j 2)
+(cd build && ctest --output-on-failure --no-tests=error -j 2)
 FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/sanitize.sh
 echo "== pytest"
 cd tests/python  # so `import instanttensor` finds the installed package, not python_shim/

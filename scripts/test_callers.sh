@@ -14,8 +14,8 @@
 # CALLERS_VENVS (default /tmp/instanttensor-callers) keeps the venvs between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/python_env.sh
 ROOT=$(pwd)
-PYTHON=${PYTHON:-python3}
 VENVS=${CALLERS_VENVS:-/tmp/instanttensor-callers}
 mkdir -p "$VENVS"
 # The two-rank runs on the simulated device (a device group, as on GPUs) need its libraries
@@ -26,14 +26,14 @@ run_tests() {  # run_tests PYTHON CALLER BUILD_DIR
 }
 seconds() { echo $(( $(date +%s) - $1 )); }
 # A venv "over the main environment": --system-site-packages shows the base interpreter's
-# packages, and a .pth file the main environment's own when that is a venv itself (.venv, made
-# by python_env.sh where python3 refuses pip installs).
+# packages, and a .pth file the main environment's own (its .pth files included) when that is a
+# venv itself (.venv, made by python_env.sh where python3 refuses pip installs).
 MAIN_SITE=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 over_main() {  # over_main VENV
   [ -x "$1/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$1"
   local site
   site=$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "$MAIN_SITE" > "$site/main-environment.pth"
+  echo "import site; site.addsitedir('$MAIN_SITE')" > "$site/main-environment.pth"
 }
 
 echo "== callers: vLLM 0.33.0"

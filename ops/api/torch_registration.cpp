@@ -6,7 +6,7 @@
 #include "api/serialization.h"
 #include "format/torch_dtype.h"
 #include "instanttensor/instanttensor.h"
-#include "io/fault_injection.h"
+#include "io/testing_hooks.h"
 #include "loader/options.h"
 #include "plan/defaults.h"
 

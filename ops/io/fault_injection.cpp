@@ -6,6 +6,8 @@
 #include <mutex>
 #include <thread>
 
+#include "io/testing_hooks.h"
+
 namespace instanttensor::io {
 
 #ifdef INSTANTTENSOR_TESTING_HOOKS

@@ -21,9 +21,6 @@ struct FaultPlan {
   int fail_uring_submit_after = 0;  // ... once this many submits have worked
 };
 
-// Whether this library was built with the test switches (any thread).
-bool testing_hooks_built();
-
 #ifdef INSTANTTENSOR_TESTING_HOOKS
 // Arms `plan` for every read from now on (any thread; process-wide) and resets the call
 // counter. disarm_faults() restores normal reads.

@@ -16,7 +16,8 @@
 // The parts the loader holds by pointer: declared here, defined in their own headers.
 namespace instanttensor::io {
 class IoSetup;
-}
+class MappedFiles;
+}  // namespace instanttensor::io
 namespace instanttensor::pool {
 class RecycledBlocks;
 }
@@ -89,6 +90,9 @@ class Loader {
   uint64_t requested_chunk() const;
   // The load mode; with a usable group, after the handshake (which says where the ranks run).
   void choose_mode(const std::vector<size_t>& selected);
+  // Host views: maps the files for them now, before the memory plan; a file that cannot be
+  // mapped chooses the mode again without them (the read path, planned as such), with a note.
+  void map_for_views(loader::LoadModeInputs in);
   // Distributed: agrees with the other ranks on the checkpoint, the layout and the device
   // budget, and learns their host identities (one collective).
   void open_exchange(const std::vector<size_t>& selected);
@@ -179,7 +183,8 @@ class Loader {
   std::unique_ptr<loader::OwnedPlacement> device_owned_;
   std::unique_ptr<loader::RingPlacement> host_ring_placement_;
   std::unique_ptr<loader::RingPlacement> device_ring_placement_;
-  std::unique_ptr<loader::PageCacheViews> views_;  // host views only
+  std::unique_ptr<loader::PageCacheViews> views_;         // host views only
+  std::shared_ptr<const io::MappedFiles> views_mapping_;  // from choose_mode to compose_parts
 
   loader::PassState pass_;
 };

@@ -109,7 +109,7 @@ void Loader::choose_mode(const std::vector<size_t>& selected) {
       TORCH_WARN_ONCE(warnings_.back());
     }
   }
-  if (!mode_.in_step) return;
+  if (!mode_.in_step) return map_for_views(in);
   open_exchange(selected);
   device_budget_ = exchange_->agreed_device_budget();
   // The handshake told where every rank runs: the mode's final choice.
@@ -123,6 +123,19 @@ void Loader::choose_mode(const std::vector<size_t>& selected) {
     // Units must be alike on every rank, whatever each one's O_DIRECT alignment: the chunk
     // from the requested size alone (the digest covers that).
     plan_.chunk_size = plan::round_up(requested_chunk(), loader::kMaxDirectAlignment);
+  }
+  map_for_views(in);
+}
+
+void Loader::map_for_views(loader::LoadModeInputs in) {
+  if (!mode_.host_views) return;
+  try {
+    views_mapping_ = loader::map_for_views(*plan_.checkpoint);
+  } catch (const Error& e) {
+    // A file that cannot be mapped (a special filesystem): the read path serves iteration.
+    in.page_cache_views = false;
+    mode_ = loader::choose_load_mode(in);
+    io_->add_note(std::string("iteration reads: ") + e.what());
   }
 }
 
@@ -148,7 +161,8 @@ void Loader::size_and_plan(std::vector<size_t> selected) {
   const auto& tensors = plan_.checkpoint->tensors();
   loader::MemoryInputs in;
   for (size_t index : selected) in.tensor_bytes.push_back(tensors[index].nbytes);
-  in.copy = options_.copy;
+  // Host views, copy=false included, hold no ring: buffer_size is their read-ahead window.
+  in.copy = options_.copy || mode_.host_views;
   in.staged = mode_.staged;
   in.host_fallback = mode_.host_fallback;
   in.world = mode_.exchanging() ? exchange_->world() : 1;
@@ -241,14 +255,8 @@ void Loader::compose_parts() {
     // at a time), and on few cores the workers take the consumer's time (1 GB warm: 0.35-0.5 s
     // with 2-4 workers against 0.13 s with none).
     if (!options_.concurrency && io_->mostly_resident()) threads = 0;
-    try {
-      views_ = std::make_unique<loader::PageCacheViews>(plan_, *factory_, stats_,
-                                                        plan_.memory.buffer_size, threads);
-    } catch (const Error& e) {
-      // A file that cannot be mapped (a special filesystem): the read path serves iteration.
-      mode_.host_views = false;
-      io_->add_note(std::string("iteration reads: ") + e.what());
-    }
+    views_ = std::make_unique<loader::PageCacheViews>(plan_, std::move(views_mapping_), *factory_,
+                                                      stats_, plan_.memory.buffer_size, threads);
   }
   random_ = std::make_unique<loader::RandomAccess>(plan_, mode_, options_.device, device_budget_,
                                                    *io_, *reads_, *factory_, recycled_, stats_);

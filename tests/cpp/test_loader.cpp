@@ -294,7 +294,11 @@ TEST(Loader, BufferTooSmallForATensorIsAClearErrorBeforeAllocation) {
   auto model = write_model(dir);
   try {
     SafeOpen f(model.files, borrow(1024));
-    ADD_FAILURE();
+    // Views of the page cache hold no ring: 1024 bytes is only their read-ahead window (the
+    // read backends' variants of this test meet the ring's refusal).
+    Stats s = f.stats();
+    EXPECT_TRUE(testing::iterates_views(s.backend)) << s.backend;
+    for (auto& [name, tensor] : f) EXPECT_TRUE(same_bytes(tensor, model.tensors[name])) << name;
   } catch (const Error& e) {
     std::string message = e.what();
     EXPECT_EQ(e.kind(), ErrorKind::Argument);

@@ -82,6 +82,18 @@ def test_during_its_step_a_tensor_is_a_view_of_the_file(checkpoint, copy):
         assert pointers[b] - pointers[a] == offsets[b] - offsets[a], (a, b)
 
 
+def test_a_borrowed_pass_over_views_holds_no_ring(checkpoint):
+    # buffer_size is only the read-ahead window: below the largest tensor (a ring would refuse
+    # it) the pass still runs, and by default it is copy=True's window, not a ring's size.
+    path, tensors = checkpoint
+    with instanttensor.safe_open(path, copy=False, buffer_size=64 << 10, concurrency=2) as f:
+        got = {name: tensor.clone() for name, tensor in f.tensors()}
+        assert "views of the page cache" in f.stats()["backend"]
+    assert all(same_bytes(got[n], tensors[n]) for n in tensors)
+    with instanttensor.safe_open(path, copy=False) as f, instanttensor.safe_open(path) as g:
+        assert f.buffer_size == g.buffer_size
+
+
 @pytest.mark.parametrize("copy", COPIES)
 @pytest.mark.parametrize("change", ["rewrite", "truncate", "delete"])
 def test_kept_tensors_are_owned_once_the_pass_moves_on(checkpoint, copy, change):

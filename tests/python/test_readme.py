@@ -4,6 +4,7 @@ torch.ops.instanttensor.defaults), so the two cannot drift apart."""
 from __future__ import annotations
 
 import pathlib
+import re
 
 import torch
 
@@ -31,6 +32,6 @@ def test_the_readme_states_every_default_of_the_engine():
     for variable, value in zip(variables, values):
         assert variable in table, f"{variable} has no row in README.md's environment table"
         cell = table[variable]
-        # A whole value: "4" must not match inside "64 MiB", nor "8 MiB" inside "128 MiB".
-        words = cell.replace(";", " ").replace(",", " ").replace("(", " ").replace(")", " ")
-        assert f" {value} " in f" {words} ", f"README says {cell!r} for {variable}, the engine {value}"
+        # A whole value: "4" must not match inside "64 MiB" or "4 MiB", nor "8 MiB" in "128 MiB".
+        whole = rf"(^|[\s(]){re.escape(value)}($|[;,)]|\s(?!MiB|KiB|GiB))"
+        assert re.search(whole, cell), f"README says {cell!r} for {variable}, the engine {value}"

@@ -24,7 +24,9 @@ constexpr int64_t kCopyGrain = 4 << 20;
 // consumer's time (the 262 MB lm_head of a 1 GB model: 0.12-0.4 s of a 0.2 s warm load).
 constexpr uint64_t kOwnedTailBytes = 1ull << 20;
 
-std::shared_ptr<const io::MappedFiles> map_files(const format::Checkpoint& checkpoint) {
+}  // namespace
+
+std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& checkpoint) {
   std::vector<io::FileToRead> files;
   for (const auto& file : checkpoint.files()) {
     files.push_back(io::FileToRead{file.path, file.fd, file.size});
@@ -32,15 +34,9 @@ std::shared_ptr<const io::MappedFiles> map_files(const format::Checkpoint& check
   return std::make_shared<const io::MappedFiles>(files);
 }
 
-}  // namespace
-
-PageCacheViews::PageCacheViews(const PassPlan& plan, TensorFactory& factory, Stats& stats,
-                               uint64_t window, int threads)
-    : plan_(plan),
-      factory_(factory),
-      stats_(stats),
-      mapping_(map_files(*plan.checkpoint)),
-      window_(window) {
+PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
+                               TensorFactory& factory, Stats& stats, uint64_t window, int threads)
+    : plan_(plan), factory_(factory), stats_(stats), mapping_(std::move(mapping)), window_(window) {
   for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
     const uint64_t nbytes = plan_.tensor_of_item(item).nbytes;
     if (nbytes > 0) tail_.item = nbytes >= kOwnedTailBytes ? item : SIZE_MAX;

@@ -20,6 +20,11 @@
 
 namespace instanttensor::loader {
 
+// A private mapping of every file of `checkpoint`, for PageCacheViews: made when the mode is
+// chosen, before the memory plan, so a file that cannot be mapped (Error(Io) naming it) leaves
+// the read path planned as such. Any thread.
+std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& checkpoint);
+
 // The host target's way through a pass (copy=true and copy=false alike, not the explicit
 // mmap+borrow contract): nothing is read into loader memory. Each tensor handed out is a view of
 // a private mapping of its file, through a storage of its own of which this part keeps one
@@ -37,10 +42,10 @@ namespace instanttensor::loader {
 // Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
 class PageCacheViews {
  public:
-  // Maps every file of `plan` (Error(Io) naming the file when one cannot be mapped) and starts
-  // `threads` read-ahead workers (0: none). `plan`, `factory` and `stats` outlive this part.
-  PageCacheViews(const PassPlan& plan, TensorFactory& factory, Stats& stats, uint64_t window,
-                 int threads);
+  // Over `mapping` (map_for_views of the plan's checkpoint), with `threads` read-ahead workers
+  // (0: none). `plan`, `factory` and `stats` outlive this part.
+  PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
+                 TensorFactory& factory, Stats& stats, uint64_t window, int threads);
   ~PageCacheViews();
   PageCacheViews(const PageCacheViews&) = delete;
   PageCacheViews& operator=(const PageCacheViews&) = delete;

@@ -1,7 +1,7 @@
 """vLLM's weight iterator on the instanttensor engine, with the INSTANTTENSOR_COPY contract.
 
-INSTANTTENSOR_COPY unset or "1": owned tensors. "0": borrowed zero-copy views of the loader's
-buffer, each marked `_vllm_instanttensor_borrowed = True`; a parameter loader consumes them
+INSTANTTENSOR_COPY unset or "1": owned tensors. "0": borrowed zero-copy views (of the page cache
+on the host, of the loader's buffer on a device), each marked `_vllm_instanttensor_borrowed = True`; a parameter loader consumes them
 before asking for the next one. A borrowed tensor kept longer is copied out by the engine before
 its memory is reused, so it never changes; keeping it still costs that copy.
 """
