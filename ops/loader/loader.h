@@ -92,7 +92,7 @@ class Loader {
   void choose_mode(const std::vector<size_t>& selected);
   // Host views: maps the files for them now, before the memory plan; a file that cannot be
   // mapped chooses the mode again without them (the read path, planned as such), with a note.
-  void map_for_views(loader::LoadModeInputs in);
+  void map_files_for_views(loader::LoadModeInputs in);
   // Distributed: agrees with the other ranks on the checkpoint, the layout and the device
   // budget, and learns their host identities (one collective).
   void open_exchange(const std::vector<size_t>& selected);

@@ -109,7 +109,7 @@ void Loader::choose_mode(const std::vector<size_t>& selected) {
       TORCH_WARN_ONCE(warnings_.back());
     }
   }
-  if (!mode_.in_step) return map_for_views(in);
+  if (!mode_.in_step) return map_files_for_views(in);
   open_exchange(selected);
   device_budget_ = exchange_->agreed_device_budget();
   // The handshake told where every rank runs: the mode's final choice.
@@ -124,10 +124,10 @@ void Loader::choose_mode(const std::vector<size_t>& selected) {
     // from the requested size alone (the digest covers that).
     plan_.chunk_size = plan::round_up(requested_chunk(), loader::kMaxDirectAlignment);
   }
-  map_for_views(in);
+  map_files_for_views(in);
 }
 
-void Loader::map_for_views(loader::LoadModeInputs in) {
+void Loader::map_files_for_views(loader::LoadModeInputs in) {
   if (!mode_.host_views) return;
   try {
     views_mapping_ = loader::map_for_views(*plan_.checkpoint);

@@ -75,10 +75,9 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             part = f.get_slice("embed")[0:128]    # reads only those rows
 
     copy=True (default): every tensor owns exactly its bytes and outlives the context.
-    copy=False: tensors from tensors() are zero-copy views (on the host, of the file's page
-    cache; else of a bounded buffer), valid at least until the iteration advances; one still
-    referenced when the iteration moves on (a buffer: when its memory is needed again) is first
-    copied out (stats()["materializations"]), so kept tensors never change. Pointers exported
+    copy=False: zero-copy views (host: of the page cache; else of a bounded buffer) valid until
+    the iteration advances; one still referenced then (a buffer: when its memory is needed) is
+    copied out (stats()["materializations"]), so kept tensors never change; pointers exported
     earlier (data_ptr(), DLPack, numpy) keep pointing at the old memory.
 
     Accelerators (device="cuda", "cuda:1", 1, ...): reads land in a small pinned staging ring
