@@ -10,7 +10,9 @@ namespace instanttensor {
 // NotFound -> FileNotFoundError, Permission -> PermissionError, Io -> OSError, Format and
 // Argument -> ValueError, Key -> KeyError, Internal -> RuntimeError). Internal is a broken
 // invariant of the library itself (a bug to report), never a property of the file or the disk.
-enum class ErrorKind { NotFound, Permission, Io, Format, Argument, Key, Internal };
+// OutOfMemory: a device allocation failed (torch's OutOfMemoryError), kept as such when a status
+// round carries it to the other ranks of a group.
+enum class ErrorKind { NotFound, Permission, Io, Format, Argument, Key, Internal, OutOfMemory };
 
 // Stable lower-case name of a kind; it appears in every message as "[instanttensor:<kind>]".
 const char* error_kind_name(ErrorKind kind) noexcept;

@@ -71,11 +71,15 @@ struct OpenOptions {
   // accelerator.
   bool force_staging = false;
   std::optional<int64_t> staging_size;
-  // Bytes of device memory the loader may use (negative: Error(Argument)). Default: unlimited
-  // (the Python layer passes max_free_mem_usage x free memory). copy=false: buffer_size must fit; a
-  // tensor larger than the budget is Error(Argument) naming it, before anything is allocated, or
-  // with host_fallback (default false) a CPU tensor.
+  // Bytes of device memory the loader may use (negative: Error(Argument)). Default:
+  // max_free_mem_usage of the memory the device's allocator reports free at open
+  // (c10::DeviceAllocator::getMemoryInfo); unlimited when the allocator cannot say. copy=false:
+  // buffer_size must fit; a tensor larger than the budget is Error(Argument) naming it, before
+  // anything is allocated, or with host_fallback (default false) a CPU tensor.
   std::optional<int64_t> device_budget;
+  // The share of free device memory the default device_budget takes, in (0, 1] (else
+  // Error(Argument)). Default: INSTANTTENSOR_MAX_FREE_MEM_USAGE, else 0.5.
+  std::optional<double> max_free_mem_usage;
   bool host_fallback = false;
   // What opening warns about (a process group that cannot exchange for this target, so every
   // rank reads everything) is kept in SafeOpen::warnings(); with print_warnings (default true)
@@ -211,7 +215,9 @@ class SafeOpen {
 // The names of every tensor of `files`, in storage order (files sorted by path, then by offset),
 // from their validated headers; no tensor data is read. Throws Error naming the file for a
 // missing or malformed file. For choosing a selection (OpenOptions::keys) by pattern before
-// opening. Any thread.
+// opening: the next SafeOpen of the same files on this thread takes the headers parsed here, if
+// the files are unchanged, instead of parsing them again (until then their fds stay open). Any
+// thread.
 std::vector<std::string> tensor_names(std::vector<std::string> files);
 
 // Every tensor of `file` as owned tensors on `device` (as safetensors.torch.load_file).

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "format/checkpoint.h"
+#include "format/parsed_checkpoint.h"
 #include "format/torch_dtype.h"
 #include "format/writer.h"
 #include "instanttensor/instanttensor.h"
@@ -11,10 +12,12 @@
 namespace instanttensor {
 
 std::vector<std::string> tensor_names(std::vector<std::string> files) {
-  format::Checkpoint checkpoint(std::move(files));
+  auto checkpoint = std::make_unique<format::Checkpoint>(std::move(files));
   std::vector<std::string> names;
-  names.reserve(checkpoint.tensors().size());
-  for (const auto& tensor : checkpoint.tensors()) names.push_back(tensor.name());
+  names.reserve(checkpoint->tensors().size());
+  for (const auto& tensor : checkpoint->tensors()) names.push_back(tensor.name());
+  // The open that follows with the names that matched takes it instead of parsing again.
+  format::keep_for_next_open(std::move(checkpoint));
   return names;
 }
 
@@ -69,7 +72,7 @@ void save_file(const std::map<std::string, at::Tensor>& tensors, const std::stri
     host.push_back(on_host);
     format::WriterTensor entry;
     entry.name = name;
-    entry.dtype = loader::from_torch_dtype(tensor.scalar_type(), file, name);
+    entry.dtype = format::from_torch_dtype(tensor.scalar_type(), file, name);
     for (int64_t dim : tensor.sizes()) entry.shape.push_back(static_cast<uint64_t>(dim));
     if (entry.dtype == format::Dtype::F4) {
       if (entry.shape.empty()) {

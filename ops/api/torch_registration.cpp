@@ -102,7 +102,7 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> defaults_op() {
 
 std::tuple<std::vector<std::string>, std::vector<std::string>> dtype_table_op() {
   std::vector<std::string> torch_names, format_names;
-  for (auto& [torch_name, format_name] : instanttensor::loader::dtype_table()) {
+  for (auto& [torch_name, format_name] : instanttensor::format::dtype_table()) {
     torch_names.push_back(torch_name);
     format_names.push_back(format_name);
   }
@@ -119,7 +119,8 @@ class LoaderHolder : public torch::CustomClassHolder {
                std::optional<int64_t> io_depth, std::optional<std::string> backend,
                std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> process_group,
                std::optional<int64_t> staging_size, std::optional<int64_t> device_budget,
-               bool host_fallback, bool force_staging, std::optional<std::string> exchange)
+               bool host_fallback, bool force_staging, std::optional<std::string> exchange,
+               std::optional<double> max_free_mem_usage)
       : opened_(std::move(files), [&] {
           OpenOptions options;
           options.device = device;
@@ -136,6 +137,7 @@ class LoaderHolder : public torch::CustomClassHolder {
           options.host_fallback = host_fallback;
           options.force_staging = force_staging;
           options.exchange = std::move(exchange);
+          options.max_free_mem_usage = max_free_mem_usage;
           // The Python layer raises open_warnings() as Python warnings; c10's handler (stderr)
           // would say it a second time.
           options.print_warnings = false;
@@ -158,7 +160,7 @@ class LoaderHolder : public torch::CustomClassHolder {
   // (torch dtype name without the "torch." prefix, torch shape)
   std::tuple<std::string, std::vector<int64_t>> get_tensor_metadata(const std::string& name) {
     auto meta = opened_.get_tensor_metadata(name);
-    return {instanttensor::loader::torch_dtype_name(meta.dtype), meta.shape};
+    return {instanttensor::format::torch_dtype_name(meta.dtype), meta.shape};
   }
   at::Tensor get_tensor(const std::string& name) { return opened_.get_tensor(name); }
   // (missing keys, unexpected keys); both empty when strict (mismatches raise instead).
@@ -240,24 +242,25 @@ TORCH_LIBRARY(instanttensor, m) {
       "int[], int[], bool, str[], str[], int)",
       &parse_header_bytes_op);
   m.class_<LoaderHolder>("Loader")
-      .def(
-          torch::init<std::vector<std::string>, c10::Device, bool,
-                      std::optional<std::vector<std::string>>, std::optional<int64_t>,
-                      std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
-                      std::optional<std::string>,
-                      std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>, std::optional<int64_t>,
-                      std::optional<int64_t>, bool, bool, std::optional<std::string>>(),
-          "Opens safetensors files; only `files` is required.",
-          {torch::arg("files"), torch::arg("device") = c10::IValue(c10::Device(c10::kCPU)),
-           torch::arg("copy") = true, torch::arg("keys") = torch::arg::none(),
-           torch::arg("buffer_size") = torch::arg::none(),
-           torch::arg("chunk_size") = torch::arg::none(),
-           torch::arg("concurrency") = torch::arg::none(),
-           torch::arg("io_depth") = torch::arg::none(), torch::arg("backend") = torch::arg::none(),
-           torch::arg("process_group") = torch::arg::none(),
-           torch::arg("staging_size") = torch::arg::none(),
-           torch::arg("device_budget") = torch::arg::none(), torch::arg("host_fallback") = false,
-           torch::arg("force_staging") = false, torch::arg("exchange") = torch::arg::none()})
+      .def(torch::init<std::vector<std::string>, c10::Device, bool,
+                       std::optional<std::vector<std::string>>, std::optional<int64_t>,
+                       std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
+                       std::optional<std::string>,
+                       std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>,
+                       std::optional<int64_t>, std::optional<int64_t>, bool, bool,
+                       std::optional<std::string>, std::optional<double>>(),
+           "Opens safetensors files; only `files` is required.",
+           {torch::arg("files"), torch::arg("device") = c10::IValue(c10::Device(c10::kCPU)),
+            torch::arg("copy") = true, torch::arg("keys") = torch::arg::none(),
+            torch::arg("buffer_size") = torch::arg::none(),
+            torch::arg("chunk_size") = torch::arg::none(),
+            torch::arg("concurrency") = torch::arg::none(),
+            torch::arg("io_depth") = torch::arg::none(), torch::arg("backend") = torch::arg::none(),
+            torch::arg("process_group") = torch::arg::none(),
+            torch::arg("staging_size") = torch::arg::none(),
+            torch::arg("device_budget") = torch::arg::none(), torch::arg("host_fallback") = false,
+            torch::arg("force_staging") = false, torch::arg("exchange") = torch::arg::none(),
+            torch::arg("max_free_mem_usage") = torch::arg::none()})
       .def("keys", &LoaderHolder::keys)
       .def("offset_keys", &LoaderHolder::offset_keys)
       .def("has_metadata", &LoaderHolder::has_metadata)

@@ -62,6 +62,13 @@ CheckpointFile open_file(const std::string& path) {
 
 }  // namespace
 
+bool still_at_its_path(const CheckpointFile& file) {
+  struct stat st {};
+  if (::stat(file.path.c_str(), &st) != 0) return false;
+  return st.st_dev == file.device && st.st_ino == file.inode &&
+         static_cast<uint64_t>(st.st_size) == file.size && mtime_of(st) == file.mtime_ns;
+}
+
 Checkpoint::Checkpoint(std::vector<std::string> paths) {
   if (paths.empty()) throw Error(ErrorKind::Argument, "", "", "no checkpoint files given");
   std::sort(paths.begin(), paths.end());

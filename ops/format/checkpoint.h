@@ -25,6 +25,11 @@ struct CheckpointFile {
   FileHeader header;
 };
 
+// Whether `file`'s path still names the file opened (device, inode), of the size and
+// modification time it had then (a rewrite, a replacement by rename, a deletion: false). Any
+// thread.
+bool still_at_its_path(const CheckpointFile& file);
+
 // A tensor of the checkpoint, located by file index and absolute byte range in that file.
 struct IndexedTensor {
   const TensorEntry* entry = nullptr;

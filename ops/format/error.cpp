@@ -21,6 +21,8 @@ const char* error_kind_name(ErrorKind kind) noexcept {
       return "key";
     case ErrorKind::Internal:
       return "internal";
+    case ErrorKind::OutOfMemory:
+      return "out_of_memory";
   }
   return "io";
 }

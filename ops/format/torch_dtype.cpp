@@ -2,7 +2,7 @@
 
 #include "instanttensor/error.h"
 
-namespace instanttensor::loader {
+namespace instanttensor::format {
 
 namespace {
 using format::Dtype;
@@ -85,4 +85,4 @@ std::vector<int64_t> to_torch_shape(const format::TensorEntry& entry, const std:
   return shape;
 }
 
-}  // namespace instanttensor::loader
+}  // namespace instanttensor::format

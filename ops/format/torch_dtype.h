@@ -10,7 +10,7 @@
 #include "format/dtype.h"
 #include "format/header.h"
 
-namespace instanttensor::loader {
+namespace instanttensor::format {
 
 // The torch dtype of a format dtype. F6_* (and anything torch lacks) is Error(Format) naming
 // `file` and `tensor` and the dtype, never a guess.
@@ -35,4 +35,4 @@ std::vector<std::pair<std::string, std::string>> dtype_table();
 // no torch layout: Error(Format).
 std::vector<int64_t> to_torch_shape(const format::TensorEntry& entry, const std::string& file);
 
-}  // namespace instanttensor::loader
+}  // namespace instanttensor::format

@@ -1,5 +1,5 @@
-// Queries, random access, load_into, fork and closing; opening is in loader_open.cpp, the pass
-// in loader_pass.cpp, the steps of ranks in step in loader_in_step.cpp.
+// The iteration, queries, random access, load_into, fork and closing; opening is in
+// loader_open.cpp.
 #include "loader/loader.h"
 
 #include <ATen/Parallel.h>
@@ -7,9 +7,14 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "io/io_setup.h"
 #include "loader/access/load_into.h"
-#include "loader/loader_parts.h"
+#include "loader/access/random_access.h"
+#include "loader/access/tensor_memory.h"
+#include "loader/pass/pass.h"
+#include "loader/reads/read_scheduler.h"
 #include "loader/reads/timing.h"
+#include "loader/walk/walk.h"
 #include "plan/memory_plan.h"
 
 namespace instanttensor {
@@ -42,27 +47,21 @@ void Loader::leave_parent_work_behind() {
   // The parent's workers are gone: their backend is leaked, never joined, and its reads are
   // never waited for. The next read starts workers of this process.
   reads_->abandon_after_fork();
-  for (auto& feed : feeds_) feed->reset();
-  if (views_) {
-    views_->abandon_after_fork();
-    views_->release_all();
-  }
-  // A parent thread may have held the pool's lock at the fork; tensors handed out before it
-  // keep the old pool (their deleters), new ones use a fresh one.
-  recycled_ = std::make_shared<pool::RecycledBlocks>(plan_.memory.buffer_size / 2);
-  host_owned_->replace_pool(recycled_);
-  if (device_owned_) device_owned_->replace_pool(recycled_);
-  random_->replace_pool(recycled_);
-  if (pass_.started && !pass_.error) {
-    pass_.error.emplace(
+  pass_->leave_parent_work_behind();
+  const auto& recycled = memory_->replace_pool_after_fork();
+  pass_->replace_pool(recycled);
+  random_->replace_pool(recycled);
+  loader::PassState& pass = pass_->state();
+  if (pass.started && !pass.error) {
+    pass.error.emplace(
         process_.refusal(plan_.first_path(), "an iteration that was in progress at the fork"));
   }
 }
 
 void Loader::refuse_in_child(const std::string& what, bool iteration) const {
   if (!process_.forked()) return;
-  bool host_target = options_.device.is_cpu() && !mode_.staged;
-  if (!host_target || (iteration && (host_ring_ || exchange_))) {
+  bool host_target = options_.device.is_cpu() && !plan_.mode.staged;
+  if (!host_target || (iteration && (pass_->borrows_ring() || !walk_->works_in_child()))) {
     throw process_.refusal(plan_.first_path(), what);
   }
 }
@@ -88,14 +87,14 @@ std::optional<std::map<std::string, std::string>> Loader::metadata() const {
 
 TensorMetadata Loader::get_tensor_metadata(const std::string& name) const {
   auto lock = mutex_.lock();
-  auto spec = factory_->spec(selected_tensor(name));
+  auto spec = memory_->factory().spec(selected_tensor(name));
   return TensorMetadata{spec.dtype, spec.shape};
 }
 
 Stats Loader::stats() const {
   auto lock = mutex_.lock();
   Stats stats = stats_;
-  stats.recycled_blocks = recycled_->reuses();
+  stats.recycled_blocks = memory_->recycled()->reuses();
   return stats;
 }
 
@@ -144,11 +143,25 @@ LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
   plan_.checkpoint->check_unchanged();
   auto start = Clock::now();
   // The staging_size asked for at open sizes load_into's bounce ring too, staged or not.
-  uint64_t staging = loader::staging_ring_bytes(options_.staging_size, plan_.first_path());
+  uint64_t staging = plan::staging_ring_bytes(options_.staging_size, plan_.first_path());
   loader::fill_destinations(matched.fills, *plan_.checkpoint, *io_, *reads_, plan_.chunk_size,
-                            staging, mode_.staged && options_.device.is_cpu(), stats_);
+                            staging, plan_.mode.staged && options_.device.is_cpu(), stats_);
   stats_.wait_seconds += seconds_since(start);
   return matched.result;
+}
+
+void Loader::restart() {
+  auto lock = mutex_.lock();
+  ensure_open();
+  refuse_in_child(kIterationInChild, /*iteration=*/true);
+  walk_->restart();
+}
+
+std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
+  auto lock = mutex_.lock();
+  ensure_open();
+  refuse_in_child(kIterationInChild, /*iteration=*/true);
+  return walk_->next();
 }
 
 void Loader::close() {
@@ -159,35 +172,32 @@ void Loader::close() {
   if (process_.forked()) {
     // The group's and the device's threads, streams and memory were the parent's: leaked here,
     // never joined or synchronized (the parent still owns and closes them).
-    (void)exchange_.release();
-    (void)stage_.release();
+    walk_->leave_behind_after_fork();
+    memory_->leave_stage_behind();
   }
-  drain_in_flight();
-  pass_.items.clear();
-  pass_.groups.clear();
+  pass_->drain();
+  pass_->state().items.clear();
+  pass_->state().groups.clear();
   reads_->stop();  // joins the workers
   io_->close();
-  // Retained borrowed tensors must outlive the rings: copy them out now.
-  if (exchange_) exchange_->wait_gathers();
-  if (stage_) stats_.materializations += stage_->close();
-  if (host_ring_) stats_.materializations += host_ring_->release_all();
-  views_.reset();  // kept views made owned before the files close; read-ahead joined
-  host_ring_placement_.reset();
-  host_ring_.reset();
-  recycled_->close();
-  if (options_.debug) {
-    // Ranks print one line each into one stream: the rank says whose line it is, and the line
-    // goes out in one write, so that lines of processes sharing the stream do not interleave.
-    std::string rank =
-        exchange_ ? c10::str(" (rank ", exchange_->rank(), " of ", exchange_->world(), ")") : "";
-    std::string line = c10::str(
-        "[instanttensor] ", plan_.first_path(), rank, ": ", stats_.bytes_read, " bytes in ",
-        stats_.read_requests, " reads, wait ", stats_.wait_seconds, " s, read ",
-        stats_.read_seconds, " s, materializations ", stats_.materializations, ", copy ",
-        options_.copy ? "owned" : "borrowed", ", exchange: ", stats_.exchange, "\n");
-    std::fwrite(line.data(), 1, line.size(), stderr);
-  }
+  // Retained borrowed tensors must outlive the rings: copied out now, once the gathers into
+  // them are done; kept views are made owned before the files close.
+  walk_->close();
+  stats_.materializations += pass_->release_memory();
+  stats_.materializations += memory_->close();
+  if (options_.debug) print_debug_line();
   plan_.checkpoint->close_files();
+}
+
+void Loader::print_debug_line() const {
+  // Ranks print one line each into one stream: the rank says whose line it is, and the line
+  // goes out in one write, so that lines of processes sharing the stream do not interleave.
+  std::string line = c10::str(
+      "[instanttensor] ", plan_.first_path(), walk_->rank_label(), ": ", stats_.bytes_read,
+      " bytes in ", stats_.read_requests, " reads, wait ", stats_.wait_seconds, " s, read ",
+      stats_.read_seconds, " s, materializations ", stats_.materializations, ", copy ",
+      options_.copy ? "owned" : "borrowed", ", exchange: ", stats_.exchange, "\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
 }  // namespace instanttensor

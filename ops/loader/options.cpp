@@ -113,12 +113,12 @@ std::vector<std::string> parse_backends(const std::string& text, const std::stri
   return names;
 }
 
-ExchangePolicy parse_exchange(std::string text, const std::string& what) {
+plan::ExchangePolicy parse_exchange(std::string text, const std::string& what) {
   std::string original = text;
   for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (text == "auto") return ExchangePolicy::Auto;
-  if (text == "always") return ExchangePolicy::Always;
-  if (text == "never") return ExchangePolicy::Never;
+  if (text == "auto") return plan::ExchangePolicy::Auto;
+  if (text == "always") return plan::ExchangePolicy::Always;
+  if (text == "never") return plan::ExchangePolicy::Never;
   bad(what, original, "auto, always or never");
 }
 
@@ -229,7 +229,7 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
   }
   // INSTANTTENSOR_MAX_FREE_MEM_USAGE only matters on accelerators, but a bad value is still an
   // error at open so a typo never goes unnoticed.
-  (void)free_memory_share(std::nullopt);
+  resolved.free_share = free_memory_share(options.max_free_mem_usage);
   return resolved;
 }
 

@@ -24,9 +24,12 @@ struct ResolvedOptions {
   int io_depth = 0;
   std::vector<std::string> backends;                     // lower-case preference chain
   c10::intrusive_ptr<c10d::ProcessGroup> process_group;  // null: none
-  ExchangePolicy exchange = ExchangePolicy::Auto;
-  uint64_t staging_size = 0;            // 0: the default (staging_ring_bytes)
-  uint64_t device_budget = UINT64_MAX;  // staged targets only; unlimited when not given
+  plan::ExchangePolicy exchange = plan::ExchangePolicy::Auto;
+  uint64_t staging_size = 0;  // 0: the default (staging_ring_bytes)
+  // Staged targets only: as given, else free_share of the device's free memory at open
+  // (default_device_budget), else unlimited.
+  uint64_t device_budget = UINT64_MAX;
+  double free_share = 0.5;  // max_free_mem_usage, parsed (free_memory_share)
   bool host_fallback = false;
   bool force_staging = false;
   bool print_warnings = true;

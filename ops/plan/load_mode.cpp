@@ -1,6 +1,6 @@
 #include "plan/load_mode.h"
 
-namespace instanttensor::loader {
+namespace instanttensor::plan {
 
 LoadMode choose_load_mode(const LoadModeInputs& in) {
   LoadMode mode;
@@ -109,4 +109,4 @@ bool LoadMode::moves_to_target(uint64_t nbytes, uint64_t device_budget) const {
   return !(host_fallback && nbytes > device_budget);
 }
 
-}  // namespace instanttensor::loader
+}  // namespace instanttensor::plan

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-namespace instanttensor::loader {
+namespace instanttensor::plan {
 
 // Where the bytes of a distributed load meet.
 enum class ExchangePlace {
@@ -94,4 +94,4 @@ LoadMode choose_load_mode(const LoadModeInputs& in);
 // "none (one host, host target)", "device (device target)", ...: what stats() reports. Pure.
 std::string describe_exchange(const LoadMode& mode);
 
-}  // namespace instanttensor::loader
+}  // namespace instanttensor::plan

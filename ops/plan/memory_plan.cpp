@@ -4,7 +4,7 @@
 
 #include "instanttensor/error.h"
 
-namespace instanttensor::loader {
+namespace instanttensor::plan {
 
 namespace {
 using plan::defaults::kReadAheadBytes;
@@ -111,4 +111,4 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
   return plan;
 }
 
-}  // namespace instanttensor::loader
+}  // namespace instanttensor::plan

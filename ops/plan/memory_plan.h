@@ -11,7 +11,7 @@
 #include "plan/defaults.h"
 #include "plan/unit_layout.h"
 
-namespace instanttensor::loader {
+namespace instanttensor::plan {
 
 struct MemoryInputs {
   std::vector<uint64_t> tensor_bytes;  // the selected tensors, any order
@@ -61,4 +61,4 @@ constexpr uint64_t kMaxDirectAlignment = 4096;
 constexpr uint64_t kMinStagingBytes = 32ull << 10;
 constexpr uint64_t kDeviceRingAlignment = 256;  // what device allocators hand out
 
-}  // namespace instanttensor::loader
+}  // namespace instanttensor::plan

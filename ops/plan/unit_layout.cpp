@@ -4,7 +4,7 @@
 
 #include "plan/read_plan.h"
 
-namespace instanttensor::loader {
+namespace instanttensor::plan {
 
 using plan::round_up;
 
@@ -35,4 +35,4 @@ uint64_t UnitLayout::Unit::share_end(int rank) const {
   return std::min(end, begin + static_cast<uint64_t>(rank + 1) * slice);
 }
 
-}  // namespace instanttensor::loader
+}  // namespace instanttensor::plan

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace instanttensor::loader {
+namespace instanttensor::plan {
 
 // How a read group is cut for the exchange: units of at most `unit_bytes` (a multiple of
 // world x kSliceAlignment), each cut into `world` equal slices; the last unit of a group is
@@ -29,4 +29,4 @@ struct UnitLayout {
   uint64_t padding() const { return static_cast<uint64_t>(world) * kSliceAlignment; }
 };
 
-}  // namespace instanttensor::loader
+}  // namespace instanttensor::plan

@@ -54,23 +54,17 @@ def free_memory_share(max_free_mem_usage: float | None) -> float:
         return torch.ops.instanttensor.free_memory_share(given)
 
 
-def resolve_target(device: torch.device, given: Any,
-                   free_share: float) -> tuple[torch.device, int | None]:
+def resolve_target(device: torch.device, given: Any) -> torch.device:
     """The target with a concrete index (an unindexed accelerator is its current device, read
-    now) and the device memory the loader may use: `free_share` (free_memory_share) of what the
-    device module's mem_get_info reports free;
-    None for the CPU or a device that cannot say. ValueError naming `given` when the device
-    type is not available in this torch."""
+    now). ValueError naming `given` when the device type is not available in this torch. The
+    device memory the loader may use is the engine's to compute (OpenOptions::device_budget:
+    max_free_mem_usage of what the device's allocator reports free), for C++ and Python alike."""
     module = _device_module(device)
     if module is None:
-        return device, None
+        return device
     if not module.is_available():
         kind = "CUDA" if device.type == "cuda" else device.type
         raise SafetensorValueError(f"device={given!r}: {kind} is not available in this torch")
     if device.index is None:
         device = torch.device(device.type, module.current_device())
-    mem_get_info = getattr(module, "mem_get_info", None)
-    if mem_get_info is None:
-        return device, None
-    free, _ = mem_get_info(device.index)
-    return device, max(1, int(free * free_share))
+    return device

@@ -12,6 +12,8 @@ import contextlib
 import re
 from typing import Iterator
 
+import torch
+
 
 class SafetensorError(Exception):
     """The reference reader's exception (`safetensors.SafetensorError`); every error the package
@@ -34,6 +36,7 @@ SafetensorTypeError = _both(TypeError)
 SafetensorIndexError = _both(IndexError)
 SafetensorRuntimeError = _both(RuntimeError)
 SafetensorNotImplementedError = _both(NotImplementedError)
+SafetensorOutOfMemoryError = _both(torch.OutOfMemoryError)
 
 _KIND_TO_TYPE: dict[str, type[Exception]] = {
     "not_found": SafetensorFileNotFoundError,
@@ -43,6 +46,7 @@ _KIND_TO_TYPE: dict[str, type[Exception]] = {
     "argument": SafetensorValueError,
     "key": SafetensorKeyError,
     "internal": SafetensorRuntimeError,  # a broken invariant of the library: a bug to report
+    "out_of_memory": SafetensorOutOfMemoryError,  # a device allocation, on this rank or another
 }
 _PATTERN = re.compile(r"\[instanttensor:(\w+)\][^\n]*")
 

@@ -121,7 +121,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         self._handle = None
         self._closed = False
         self._framework = framework_of(framework)
-        free_share = free_memory_share(max_free_mem_usage)  # validated for every target
+        free_memory_share(max_free_mem_usage)  # validated for every target, before any I/O
         self._selection = Selection(keys, tensor_filter, tensor_name_match_mode)  # before I/O
         self._files = _paths(filename)  # a new list: the caller's is never sorted in place
         try:
@@ -142,12 +142,11 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         # reference's lazy device does.
         self._meta = target.type == "meta"
         self._device_error: ValueError | None = unknown_device
-        device_budget = None
         if self._meta or unknown_device:
             self._device = torch.device("cpu")
         else:
             try:
-                self._device, device_budget = resolve_target(target, device, free_share)
+                self._device = resolve_target(target, device)
             except ValueError as error:
                 self._device, self._device_error = torch.device("cpu"), error
         self.copy: bool = bool(copy)
@@ -162,7 +161,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             backend=backend_argument(backend),
             process_group=_boxed_group(process_group),
             staging_size=_optional_int("staging_size", staging_size),
-            device_budget=device_budget,
+            max_free_mem_usage=None if max_free_mem_usage is None else float(max_free_mem_usage),
             host_fallback=bool(host_fallback),
             force_staging=bool(_force_staging),
             exchange=None if exchange is None else str(exchange),

@@ -10,12 +10,15 @@ using c10::DeviceType;
 
 TEST(GatherMethod, AllGatherExceptWhereGlooDoesBetterWithBroadcasts) {
   const auto cpu = DeviceType::CPU, cuda = DeviceType::CUDA;
-  EXPECT_EQ(choose_gather_method(ExchangePlace::Device, "nccl", cuda), GatherMethod::AllGather);
+  EXPECT_EQ(choose_gather_method(plan::ExchangePlace::Device, "nccl", cuda),
+            GatherMethod::AllGather);
   // The device ring on the CPU (tests): the all-gather NCCL takes on GPUs.
-  EXPECT_EQ(choose_gather_method(ExchangePlace::Device, "gloo", cpu), GatherMethod::AllGather);
-  EXPECT_EQ(choose_gather_method(ExchangePlace::Device, "gloo", cuda), GatherMethod::Broadcasts);
-  EXPECT_EQ(choose_gather_method(ExchangePlace::Host, "gloo", cpu), GatherMethod::Broadcasts);
-  EXPECT_EQ(choose_gather_method(ExchangePlace::Host, "mpi", cpu), GatherMethod::AllGather);
+  EXPECT_EQ(choose_gather_method(plan::ExchangePlace::Device, "gloo", cpu),
+            GatherMethod::AllGather);
+  EXPECT_EQ(choose_gather_method(plan::ExchangePlace::Device, "gloo", cuda),
+            GatherMethod::Broadcasts);
+  EXPECT_EQ(choose_gather_method(plan::ExchangePlace::Host, "gloo", cpu), GatherMethod::Broadcasts);
+  EXPECT_EQ(choose_gather_method(plan::ExchangePlace::Host, "mpi", cpu), GatherMethod::AllGather);
 }
 
 }  // namespace

@@ -7,9 +7,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "format/checkpoint.h"
 #include "format/header.h"
+#include "format/parsed_checkpoint.h"
 #include "format/writer.h"
 #include "helper_files.h"
 #include "instanttensor/error.h"
@@ -459,6 +461,49 @@ TEST(CheckpointIndex, SortsFilesAndRejectsCrossFileDuplicates) {
     EXPECT_NE(message.find("a.safetensors"), std::string::npos) << message;
     EXPECT_NE(message.find("'a1'"), std::string::npos) << message;
   }
+}
+
+TEST(ParsedCheckpoint, TheNextOpenTakesItOnlyForTheSameUnchangedFiles) {
+  TempDir dir;
+  std::string four(4, 'x');
+  for (const char* name : {"a.safetensors", "b.safetensors"}) {
+    format::write_safetensors(dir.file(name), {writer_tensor(name, Dtype::F32, {1}, four)},
+                              nullptr);
+  }
+  const std::vector<std::string> paths{dir.file("b.safetensors"), dir.file("a.safetensors")};
+  int fds = testing::open_fd_count();
+  auto keep = [&] {
+    auto parsed = std::make_unique<format::Checkpoint>(paths);
+    const format::Checkpoint* address = parsed.get();
+    format::keep_for_next_open(std::move(parsed));
+    return address;
+  };
+  // The same files, in any order: the very object parsed, taken once.
+  const format::Checkpoint* parsed = keep();
+  auto taken = format::take_kept_checkpoint({paths[1], paths[0]});
+  EXPECT_EQ(taken.get(), parsed);
+  EXPECT_EQ(format::take_kept_checkpoint(paths), nullptr);
+  taken.reset();
+  EXPECT_EQ(testing::open_fd_count(), fds);
+  // Other files: parsed afresh, and the kept files closed.
+  keep();
+  EXPECT_EQ(format::take_kept_checkpoint({paths[0]}), nullptr);
+  EXPECT_EQ(testing::open_fd_count(), fds);
+  // A file rewritten since (size and mtime), or replaced by a rename: parsed afresh.
+  keep();
+  format::write_safetensors(dir.file("a.safetensors"),
+                            {writer_tensor("a2", Dtype::F32, {2}, four + four)}, nullptr);
+  EXPECT_EQ(format::take_kept_checkpoint(paths), nullptr);
+  keep();
+  format::write_safetensors(dir.file("c.safetensors"), {writer_tensor("b2", Dtype::F32, {1}, four)},
+                            nullptr);
+  ASSERT_EQ(::rename(dir.file("c.safetensors").c_str(), dir.file("b.safetensors").c_str()), 0);
+  EXPECT_EQ(format::take_kept_checkpoint(paths), nullptr);
+  EXPECT_EQ(testing::open_fd_count(), fds);
+  // Another thread keeps its own.
+  keep();
+  std::thread([&] { EXPECT_EQ(format::take_kept_checkpoint(paths), nullptr); }).join();
+  EXPECT_NE(format::take_kept_checkpoint(paths), nullptr);
 }
 
 TEST(CheckpointIndex, FileErrorsCarryKindAndNameAndLeakNoFd) {

@@ -9,14 +9,15 @@ namespace {
 
 struct Row {
   const char* what;
-  LoadModeInputs in;
+  plan::LoadModeInputs in;
   bool staged, ring, host_fallback, mapped_access, mapped_iteration;
-  ExchangePlace exchange;
+  plan::ExchangePlace exchange;
   bool fell_back;
 };
 
-LoadModeInputs inputs(bool accelerator, bool copy, bool distributed = false, bool serves = false) {
-  LoadModeInputs in;
+plan::LoadModeInputs inputs(bool accelerator, bool copy, bool distributed = false,
+                            bool serves = false) {
+  plan::LoadModeInputs in;
   in.accelerator_target = accelerator;
   in.copy = copy;
   in.distributed = distributed;
@@ -24,14 +25,15 @@ LoadModeInputs inputs(bool accelerator, bool copy, bool distributed = false, boo
   return in;
 }
 
-LoadModeInputs with(LoadModeInputs in, bool force_staging, bool host_fallback, bool mapping) {
+plan::LoadModeInputs with(plan::LoadModeInputs in, bool force_staging, bool host_fallback,
+                          bool mapping) {
   in.force_staging = force_staging;
   in.host_fallback = host_fallback;
   in.mapping_backend = mapping;
   return in;
 }
 
-LoadModeInputs policy(LoadModeInputs in, ExchangePolicy exchange, int hosts = 1) {
+plan::LoadModeInputs policy(plan::LoadModeInputs in, plan::ExchangePolicy exchange, int hosts = 1) {
   in.exchange_policy = exchange;
   in.hosts = hosts;
   return in;
@@ -39,53 +41,54 @@ LoadModeInputs policy(LoadModeInputs in, ExchangePolicy exchange, int hosts = 1)
 
 const Row kRows[] = {
     // what                        inputs                                      st ring hf  ma   mi
-    {"cpu copy", inputs(false, true), false, false, false, false, false, ExchangePlace::Local,
+    {"cpu copy", inputs(false, true), false, false, false, false, false, plan::ExchangePlace::Local,
      false},
-    {"cpu borrow", inputs(false, false), false, true, false, false, false, ExchangePlace::Local,
-     false},
+    {"cpu borrow", inputs(false, false), false, true, false, false, false,
+     plan::ExchangePlace::Local, false},
     {"cpu copy mmap", with(inputs(false, true), false, false, true), false, false, false, true,
-     false, ExchangePlace::Local, false},
+     false, plan::ExchangePlace::Local, false},
     {"cpu borrow mmap", with(inputs(false, false), false, false, true), false, true, false, true,
-     true, ExchangePlace::Local, false},
+     true, plan::ExchangePlace::Local, false},
     {"cpu host_fallback is moot", with(inputs(false, true), false, true, false), false, false,
-     false, false, false, ExchangePlace::Local, false},
+     false, false, false, plan::ExchangePlace::Local, false},
     {"forced staging", with(inputs(false, true), true, false, false), true, false, false, false,
-     false, ExchangePlace::Local, false},
+     false, plan::ExchangePlace::Local, false},
     {"forced staging mmap", with(inputs(false, false), true, false, true), true, true, false, false,
-     false, ExchangePlace::Local, false},
-    {"accelerator copy", inputs(true, true), true, false, false, false, false, ExchangePlace::Local,
-     false},
+     false, plan::ExchangePlace::Local, false},
+    {"accelerator copy", inputs(true, true), true, false, false, false, false,
+     plan::ExchangePlace::Local, false},
     {"accelerator borrow", inputs(true, false), true, true, false, false, false,
-     ExchangePlace::Local, false},
+     plan::ExchangePlace::Local, false},
     {"accelerator host fallback", with(inputs(true, true), false, true, false), true, false, true,
-     false, false, ExchangePlace::Local, false},
+     false, false, plan::ExchangePlace::Local, false},
     {"accelerator mmap reads, no views", with(inputs(true, false), false, false, true), true, true,
-     false, false, false, ExchangePlace::Local, false},
-    {"host exchange copy", policy(inputs(false, true, true, true), ExchangePolicy::Always), false,
-     true, false, false, false, ExchangePlace::Host, false},
+     false, false, false, plan::ExchangePlace::Local, false},
+    {"host exchange copy", policy(inputs(false, true, true, true), plan::ExchangePolicy::Always),
+     false, true, false, false, false, plan::ExchangePlace::Host, false},
     {"host group copy reads alone", inputs(false, true, true, true), false, false, false, false,
-     false, ExchangePlace::Local, false},
+     false, plan::ExchangePlace::Local, false},
     {"host group borrow mmap: mapped views",
      with(inputs(false, false, true, true), false, false, true), false, true, false, true, true,
-     ExchangePlace::Local, false},
+     plan::ExchangePlace::Local, false},
     {"host exchange mmap: no mapped iteration",
-     policy(with(inputs(false, false, true, true), false, false, true), ExchangePolicy::Always),
-     false, true, false, true, false, ExchangePlace::Host, false},
+     policy(with(inputs(false, false, true, true), false, false, true),
+            plan::ExchangePolicy::Always),
+     false, true, false, true, false, plan::ExchangePlace::Host, false},
     {"device exchange", inputs(true, true, true, true), true, true, false, false, false,
-     ExchangePlace::Device, false},
+     plan::ExchangePlace::Device, false},
     {"forced staging exchange", with(inputs(false, true, true, true), true, false, false), true,
-     true, false, false, false, ExchangePlace::Device, false},
+     true, false, false, false, plan::ExchangePlace::Device, false},
     {"group without the target's backend", inputs(true, true, true, false), true, false, false,
-     false, false, ExchangePlace::Local, true},
+     false, false, plan::ExchangePlace::Local, true},
     {"cpu group without gloo, borrow mmap",
      with(inputs(false, false, true, false), false, false, true), false, true, false, true, true,
-     ExchangePlace::Local, true},
+     plan::ExchangePlace::Local, true},
 };
 
 TEST(LoadMode, EveryCombinationOfTargetOptionsAndGroup) {
   for (const Row& row : kRows) {
     SCOPED_TRACE(row.what);
-    LoadMode mode = choose_load_mode(row.in);
+    plan::LoadMode mode = plan::choose_load_mode(row.in);
     EXPECT_EQ(mode.accelerator, row.in.accelerator_target);
     EXPECT_EQ(mode.staged, row.staged);
     EXPECT_EQ(mode.ring, row.ring);
@@ -94,90 +97,94 @@ TEST(LoadMode, EveryCombinationOfTargetOptionsAndGroup) {
     EXPECT_EQ(mode.mapped_iteration, row.mapped_iteration);
     EXPECT_EQ(mode.exchange, row.exchange);
     EXPECT_EQ(mode.exchange_fell_back, row.fell_back);
-    EXPECT_EQ(mode.exchanging(), row.exchange != ExchangePlace::Local);
+    EXPECT_EQ(mode.exchanging(), row.exchange != plan::ExchangePlace::Local);
   }
 }
 
 // The exchange by cost: which group exchanges, where, and why (what stats() says).
 struct ExchangeRow {
   const char* what;
-  LoadModeInputs in;
-  ExchangePlace exchange;
+  plan::LoadModeInputs in;
+  plan::ExchangePlace exchange;
   bool in_step;
   const char* described;
 };
 
 const ExchangeRow kExchangeRows[] = {
-    {"single process", inputs(false, true), ExchangePlace::Local, false, "none (single process)"},
-    {"no backend for the target", inputs(true, true, true, false), ExchangePlace::Local, false,
-     "none (the group has no backend for the target)"},
-    {"host target, one host", inputs(false, true, true, true), ExchangePlace::Local, true,
+    {"single process", inputs(false, true), plan::ExchangePlace::Local, false,
+     "none (single process)"},
+    {"no backend for the target", inputs(true, true, true, false), plan::ExchangePlace::Local,
+     false, "none (the group has no backend for the target)"},
+    {"host target, one host", inputs(false, true, true, true), plan::ExchangePlace::Local, true,
      "none (one host, host target)"},
-    {"host target borrow, one host", inputs(false, false, true, true), ExchangePlace::Local, true,
-     "none (one host, host target)"},
-    {"host target, two hosts", policy(inputs(false, true, true, true), ExchangePolicy::Auto, 2),
-     ExchangePlace::Local, true, "none (several hosts, host target: each rank reads everything)"},
-    {"host target, always", policy(inputs(false, false, true, true), ExchangePolicy::Always),
-     ExchangePlace::Host, true, "host (exchange=always)"},
-    {"device target", inputs(true, true, true, true), ExchangePlace::Device, true,
+    {"host target borrow, one host", inputs(false, false, true, true), plan::ExchangePlace::Local,
+     true, "none (one host, host target)"},
+    {"host target, two hosts",
+     policy(inputs(false, true, true, true), plan::ExchangePolicy::Auto, 2),
+     plan::ExchangePlace::Local, true,
+     "none (several hosts, host target: each rank reads everything)"},
+    {"host target, always", policy(inputs(false, false, true, true), plan::ExchangePolicy::Always),
+     plan::ExchangePlace::Host, true, "host (exchange=always)"},
+    {"device target", inputs(true, true, true, true), plan::ExchangePlace::Device, true,
      "device (device target)"},
-    {"device target, two hosts", policy(inputs(true, false, true, true), ExchangePolicy::Auto, 2),
-     ExchangePlace::Device, true, "device (device target)"},
-    {"device target, never", policy(inputs(true, true, true, true), ExchangePolicy::Never),
-     ExchangePlace::Local, true, "none (exchange=never)"},
+    {"device target, two hosts",
+     policy(inputs(true, false, true, true), plan::ExchangePolicy::Auto, 2),
+     plan::ExchangePlace::Device, true, "device (device target)"},
+    {"device target, never", policy(inputs(true, true, true, true), plan::ExchangePolicy::Never),
+     plan::ExchangePlace::Local, true, "none (exchange=never)"},
     {"forced staging, auto", with(inputs(false, true, true, true), true, false, false),
-     ExchangePlace::Device, true, "device (device target)"},
-    {"host target, never", policy(inputs(false, true, true, true), ExchangePolicy::Never),
-     ExchangePlace::Local, true, "none (exchange=never)"},
+     plan::ExchangePlace::Device, true, "device (device target)"},
+    {"host target, never", policy(inputs(false, true, true, true), plan::ExchangePolicy::Never),
+     plan::ExchangePlace::Local, true, "none (exchange=never)"},
     {"no backend, always: nothing to exchange with",
-     policy(inputs(false, true, true, false), ExchangePolicy::Always), ExchangePlace::Local, false,
-     "none (the group has no backend for the target)"},
+     policy(inputs(false, true, true, false), plan::ExchangePolicy::Always),
+     plan::ExchangePlace::Local, false, "none (the group has no backend for the target)"},
 };
 
 TEST(LoadMode, TheExchangeIsChosenByCost) {
   for (const ExchangeRow& row : kExchangeRows) {
     SCOPED_TRACE(row.what);
-    LoadMode mode = choose_load_mode(row.in);
+    plan::LoadMode mode = plan::choose_load_mode(row.in);
     EXPECT_EQ(mode.exchange, row.exchange);
     EXPECT_EQ(mode.in_step, row.in_step);
-    EXPECT_EQ(describe_exchange(mode), row.described);
+    EXPECT_EQ(plan::describe_exchange(mode), row.described);
   }
 }
 
 TEST(LoadMode, AGroupReadingAloneReadsLikeOneProcess) {
   // No shares, no ring for copy=True: each rank's reads land in its tensors, as alone.
-  LoadMode alone = choose_load_mode(inputs(false, true));
-  LoadMode group = choose_load_mode(inputs(false, true, true, true));
+  plan::LoadMode alone = plan::choose_load_mode(inputs(false, true));
+  plan::LoadMode group = plan::choose_load_mode(inputs(false, true, true, true));
   EXPECT_EQ(group.destination_of(5000, 1000), alone.destination_of(5000, 1000));
-  EXPECT_FALSE(group.uses_shares(Destination::HostOwned));
-  EXPECT_FALSE(group.uses_shares(Destination::HostRing));
+  EXPECT_FALSE(group.uses_shares(plan::Destination::HostOwned));
+  EXPECT_FALSE(group.uses_shares(plan::Destination::HostRing));
 }
 
 TEST(LoadMode, DestinationsAndSharesFollowTheMode) {
   const uint64_t budget = 1000;
-  LoadMode cpu_copy = choose_load_mode(inputs(false, true));
-  EXPECT_EQ(cpu_copy.destination_of(5000, budget), Destination::HostOwned);
-  EXPECT_FALSE(cpu_copy.uses_shares(Destination::HostOwned));
-  LoadMode cpu_borrow = choose_load_mode(inputs(false, false));
-  EXPECT_EQ(cpu_borrow.destination_of(5, budget), Destination::HostRing);
-  EXPECT_FALSE(cpu_borrow.uses_shares(Destination::HostRing));  // one read per group
-  LoadMode host_exchange =
-      choose_load_mode(policy(inputs(false, true, true, true), ExchangePolicy::Always));
-  EXPECT_EQ(host_exchange.destination_of(5, budget), Destination::HostRing);
-  EXPECT_TRUE(host_exchange.uses_shares(Destination::HostRing));  // rank shares, in place
-  LoadMode device_copy = choose_load_mode(inputs(true, true));
-  EXPECT_EQ(device_copy.destination_of(5000, budget), Destination::DeviceOwned);
-  EXPECT_TRUE(device_copy.uses_shares(Destination::DeviceOwned));  // through the staging ring
-  LoadMode device_borrow = choose_load_mode(inputs(true, false));
-  EXPECT_EQ(device_borrow.destination_of(5, budget), Destination::DeviceRing);
-  LoadMode fallback = choose_load_mode(with(inputs(true, true), false, true, false));
-  EXPECT_EQ(fallback.destination_of(budget, budget), Destination::DeviceOwned);
-  EXPECT_EQ(fallback.destination_of(budget + 1, budget), Destination::HostOwned);
-  EXPECT_FALSE(fallback.uses_shares(Destination::HostOwned));  // read whole, on the host
+  plan::LoadMode cpu_copy = plan::choose_load_mode(inputs(false, true));
+  EXPECT_EQ(cpu_copy.destination_of(5000, budget), plan::Destination::HostOwned);
+  EXPECT_FALSE(cpu_copy.uses_shares(plan::Destination::HostOwned));
+  plan::LoadMode cpu_borrow = plan::choose_load_mode(inputs(false, false));
+  EXPECT_EQ(cpu_borrow.destination_of(5, budget), plan::Destination::HostRing);
+  EXPECT_FALSE(cpu_borrow.uses_shares(plan::Destination::HostRing));  // one read per group
+  plan::LoadMode host_exchange =
+      plan::choose_load_mode(policy(inputs(false, true, true, true), plan::ExchangePolicy::Always));
+  EXPECT_EQ(host_exchange.destination_of(5, budget), plan::Destination::HostRing);
+  EXPECT_TRUE(host_exchange.uses_shares(plan::Destination::HostRing));  // rank shares, in place
+  plan::LoadMode device_copy = plan::choose_load_mode(inputs(true, true));
+  EXPECT_EQ(device_copy.destination_of(5000, budget), plan::Destination::DeviceOwned);
+  EXPECT_TRUE(device_copy.uses_shares(plan::Destination::DeviceOwned));  // through the staging ring
+  plan::LoadMode device_borrow = plan::choose_load_mode(inputs(true, false));
+  EXPECT_EQ(device_borrow.destination_of(5, budget), plan::Destination::DeviceRing);
+  plan::LoadMode fallback = plan::choose_load_mode(with(inputs(true, true), false, true, false));
+  EXPECT_EQ(fallback.destination_of(budget, budget), plan::Destination::DeviceOwned);
+  EXPECT_EQ(fallback.destination_of(budget + 1, budget), plan::Destination::HostOwned);
+  EXPECT_FALSE(fallback.uses_shares(plan::Destination::HostOwned));  // read whole, on the host
   EXPECT_TRUE(fallback.moves_to_target(budget, budget));
   EXPECT_FALSE(fallback.moves_to_target(budget + 1, budget));
   EXPECT_FALSE(cpu_copy.moves_to_target(5, budget));
-  LoadMode forced = choose_load_mode(with(inputs(false, true), true, true, false));
+  plan::LoadMode forced = plan::choose_load_mode(with(inputs(false, true), true, true, false));
   EXPECT_FALSE(forced.moves_to_target(5, budget));  // a CPU target has nowhere to move to
 }
 
@@ -187,10 +194,10 @@ TEST(LoadMode, DestinationsAndSharesFollowTheMode) {
 TEST(LoadMode, HostViewsWhereAHostTargetReadsAlone) {
   struct ViewsRow {
     const char* what;
-    LoadModeInputs in;
+    plan::LoadModeInputs in;
     bool host_views;
   };
-  auto views = [](LoadModeInputs in) {
+  auto views = [](plan::LoadModeInputs in) {
     in.page_cache_views = true;
     return in;
   };
@@ -206,16 +213,16 @@ TEST(LoadMode, HostViewsWhereAHostTargetReadsAlone) {
       {"accelerator", views(inputs(true, true)), false},
       {"host group reading alone", views(inputs(false, true, true, true)), true},
       {"host group without gloo", views(inputs(false, true, true, false)), true},
-      {"host exchange", views(policy(inputs(false, true, true, true), ExchangePolicy::Always)),
-       false},
+      {"host exchange",
+       views(policy(inputs(false, true, true, true), plan::ExchangePolicy::Always)), false},
   };
   for (const auto& row : rows) {
     SCOPED_TRACE(row.what);
-    LoadMode mode = choose_load_mode(row.in);
+    plan::LoadMode mode = plan::choose_load_mode(row.in);
     EXPECT_EQ(mode.host_views, row.host_views);
     if (mode.host_views) {  // a fallback to the read path places as the mode says
       EXPECT_EQ(mode.destination_of(1, UINT64_MAX),
-                mode.ring ? Destination::HostRing : Destination::HostOwned);
+                mode.ring ? plan::Destination::HostRing : plan::Destination::HostOwned);
     }
   }
 }

@@ -12,15 +12,15 @@ std::pair<std::string, std::string> name_of(size_t i) {
   return {"m.safetensors", "t" + std::to_string(i)};
 }
 
-MemoryInputs inputs(std::vector<uint64_t> sizes) {
-  MemoryInputs in;
+plan::MemoryInputs inputs(std::vector<uint64_t> sizes) {
+  plan::MemoryInputs in;
   in.tensor_bytes = std::move(sizes);
   return in;
 }
 
-std::string error_of(const MemoryInputs& in) {
+std::string error_of(const plan::MemoryInputs& in) {
   try {
-    plan_memory(in, name_of, "m.safetensors");
+    plan::plan_memory(in, name_of, "m.safetensors");
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Argument);
     return e.what();
@@ -29,7 +29,7 @@ std::string error_of(const MemoryInputs& in) {
 }
 
 TEST(MemoryPlan, CpuCopyReadsAheadIntoOwnedStorageOnly) {
-  auto plan = plan_memory(inputs({100, 5000, 7}), name_of, "m.safetensors");
+  auto plan = plan::plan_memory(inputs({100, 5000, 7}), name_of, "m.safetensors");
   EXPECT_EQ(plan.buffer_size, 5107u);  // the whole selection: less than the read-ahead
   EXPECT_EQ(plan.host_ring_bytes, 0u);
   EXPECT_EQ(plan.max_group_bytes, 0u);  // one tensor per group, read into its own storage
@@ -38,7 +38,7 @@ TEST(MemoryPlan, CpuCopyReadsAheadIntoOwnedStorageOnly) {
 TEST(MemoryPlan, BorrowRingHoldsTwoOfTheLargestAndNamesOneThatCannotFit) {
   auto in = inputs({100, 300 << 20, 7});
   in.copy = false;
-  auto plan = plan_memory(in, name_of, "m.safetensors");
+  auto plan = plan::plan_memory(in, name_of, "m.safetensors");
   EXPECT_GE(plan.host_ring_bytes, 2 * (300ull << 20));
   EXPECT_LE(plan.max_group_bytes, plan.host_ring_bytes / 4);
   in.buffer_size = 1 << 20;
@@ -52,10 +52,10 @@ TEST(MemoryPlan, ExchangeReservesPaddingAndGroupsByUnits) {
   in.copy = true;  // distributed: through the ring even for copy=true
   in.world = 3;
   in.chunk_size = 1 << 20;
-  auto plan = plan_memory(in, name_of, "m.safetensors");
+  auto plan = plan::plan_memory(in, name_of, "m.safetensors");
   EXPECT_GT(plan.host_ring_bytes, 0u);
   EXPECT_EQ(plan.layout.world, 3);
-  EXPECT_EQ(plan.layout.unit_bytes % (3 * UnitLayout::kSliceAlignment), 0u);
+  EXPECT_EQ(plan.layout.unit_bytes % (3 * plan::UnitLayout::kSliceAlignment), 0u);
   EXPECT_LE(plan.max_group_bytes, plan.layout.unit_bytes);
   EXPECT_GE(plan.host_ring_bytes, (64ull << 20) + plan.layout.padding());
 }
@@ -63,13 +63,13 @@ TEST(MemoryPlan, ExchangeReservesPaddingAndGroupsByUnits) {
 TEST(MemoryPlan, StagingIsSmallAndFixedWhateverTheTensors) {
   auto in = inputs({4ull << 30, 1 << 20});  // a 4 GiB tensor
   in.staged = true;
-  auto plan = plan_memory(in, name_of, "m.safetensors");
+  auto plan = plan::plan_memory(in, name_of, "m.safetensors");
   EXPECT_EQ(plan.staging_bytes, plan::defaults::kStagingBytes);
   EXPECT_LE(plan.layout.unit_bytes, plan.staging_bytes / 2);  // shares stream through it
   in.staging_size = 1024;
   EXPECT_NE(error_of(in).find("staging_size=1024 bytes is below"), std::string::npos);
-  in.staging_size = kMinStagingBytes;
-  EXPECT_EQ(plan_memory(in, name_of, "m").staging_bytes, kMinStagingBytes);
+  in.staging_size = plan::kMinStagingBytes;
+  EXPECT_EQ(plan::plan_memory(in, name_of, "m").staging_bytes, plan::kMinStagingBytes);
 }
 
 TEST(MemoryPlan, DeviceRingFitsTheBudgetAndHostFallbackExcludesWhatStaysOnTheHost) {
@@ -82,7 +82,7 @@ TEST(MemoryPlan, DeviceRingFitsTheBudgetAndHostFallbackExcludesWhatStaysOnTheHos
   EXPECT_NE(error_of(in).find("device memory budget"), std::string::npos);
   // With host fallback it stays on the host; the ring is sized for the others, within budget.
   in.host_fallback = true;
-  auto plan = plan_memory(in, name_of, "m.safetensors");
+  auto plan = plan::plan_memory(in, name_of, "m.safetensors");
   EXPECT_LE(plan.device_ring_bytes, 100ull << 20);
   EXPECT_GE(plan.device_ring_bytes, 10ull << 20);
   EXPECT_LT(plan.max_group_bytes, 200ull << 20);  // the fallback tensor forms its own group
@@ -93,7 +93,7 @@ TEST(MemoryPlan, DeviceRingFitsTheBudgetAndHostFallbackExcludesWhatStaysOnTheHos
   in.copy = true;
   in.buffer_size = 0;
   in.device_budget = 5 << 20;
-  EXPECT_EQ(plan_memory(in, name_of, "m").buffer_size, 5ull << 20);
+  EXPECT_EQ(plan::plan_memory(in, name_of, "m").buffer_size, 5ull << 20);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ namespace {
 TEST(UnitLayout, EqualSlicesCoverEveryByteOnceWithBoundedPadding) {
   for (int world : {1, 2, 3, 8}) {
     for (uint64_t chunk : {64ull, 4096ull, 1000ull, 8ull << 20}) {
-      UnitLayout layout(chunk, world);
+      plan::UnitLayout layout(chunk, world);
       EXPECT_EQ(layout.unit_bytes % (static_cast<uint64_t>(world) * 64), 0u);
       for (uint64_t group : {1ull, 63ull, 64ull, 65ull, 1000ull, 12345ull, 3ull * layout.unit_bytes,
                              3ull * layout.unit_bytes + 7}) {
@@ -26,7 +26,7 @@ TEST(UnitLayout, EqualSlicesCoverEveryByteOnceWithBoundedPadding) {
           EXPECT_LE(unit.begin + unit.slice * world,
                     unit.begin + (unit.end - unit.begin) + (world == 1 ? 0 : layout.padding()));
           if (world > 1) {
-            EXPECT_EQ(unit.slice % UnitLayout::kSliceAlignment, 0u);
+            EXPECT_EQ(unit.slice % plan::UnitLayout::kSliceAlignment, 0u);
           }
           uint64_t shares = 0;
           for (int r = 0; r < world; ++r) {
@@ -42,7 +42,7 @@ TEST(UnitLayout, EqualSlicesCoverEveryByteOnceWithBoundedPadding) {
       }
     }
   }
-  EXPECT_EQ(UnitLayout(4096, 2).unit_count(0), 0u);
+  EXPECT_EQ(plan::UnitLayout(4096, 2).unit_count(0), 0u);
 }
 
 }  // namespace

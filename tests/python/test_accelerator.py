@@ -294,6 +294,30 @@ def test_the_budget_comes_from_the_devices_free_memory(accel, checkpoint):
             assert same_bytes(on_host(tensor), tensors[name]), name
 
 
+def test_the_engine_computes_the_default_budget_for_every_api(accel, checkpoint, monkeypatch):
+    # The class the Python layer opens through, without any budget given: the engine takes
+    # INSTANTTENSOR_MAX_FREE_MEM_USAGE of the free memory the device's allocator reports (as a
+    # C++ caller's SafeOpen does), and a share that leaves no room refuses the tensors.
+    paths, tensors = checkpoint
+    device = torch.device(accel.kind, 0)
+    monkeypatch.setenv("INSTANTTENSOR_MAX_FREE_MEM_USAGE", "1e-12")
+    with pytest.raises(RuntimeError, match="budget"):
+        torch.classes.instanttensor.Loader(paths, device)
+    monkeypatch.delenv("INSTANTTENSOR_MAX_FREE_MEM_USAGE")
+    loader = torch.classes.instanttensor.Loader(paths, device, max_free_mem_usage=1e-12,
+                                                host_fallback=True)
+    while (item := loader.next()) is not None:
+        name, tensor = item
+        # Over the budget: kept on the host (an empty tensor fits any budget).
+        assert tensor.device.type == "cpu" or tensor.numel() == 0, name
+        assert same_bytes(on_host(tensor), tensors[name]), name
+    loader.close()
+    loader = torch.classes.instanttensor.Loader(paths, device)  # half the free memory: room
+    while (item := loader.next()) is not None:
+        assert item[1].device == device, item[0]
+    loader.close()
+
+
 def test_the_vllm_iterator_borrowed_onto_the_device(accel, checkpoint, monkeypatch):
     from instanttensor.integrations.vllm import BORROWED_MARKER
 

@@ -85,6 +85,31 @@ def test_an_empty_filter_selects_nothing_and_reads_nothing(experts):
             f.get_tensor("lm_head.weight")  # not selected
 
 
+def test_a_filter_opens_and_parses_each_file_once(experts, tmp_path):
+    # The names a filter is matched against come from headers that the open then takes over
+    # (format/parsed_checkpoint.h): strace counts the opens naming each file.
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    paths, tensors = experts
+    script = tmp_path / "filtered.py"
+    script.write_text("import sys, instanttensor\n"
+                      "with instanttensor.safe_open(sys.argv[1:], tensor_filter=['*.w1.*']) as f:\n"
+                      "    print(sum(1 for _ in f.tensors()))\n")
+    trace = tmp_path / "trace.txt"
+    run = subprocess.run(["strace", "-f", "-o", str(trace), "-e", "trace=open,openat",
+                          sys.executable, str(script), *paths],
+                         check=True, timeout=120, capture_output=True, text=True)
+    assert int(run.stdout) == sum(".w1." in name for name in tensors)
+    lines = trace.read_text().splitlines()
+    for path in paths:
+        opens = [line for line in lines if f'"{path}"' in line and "= -1" not in line]
+        assert len(opens) == 1, opens
+
+
 def test_filtered_out_names_are_unknown_to_random_access_and_metadata(experts):
     paths, tensors = experts
     with instanttensor.safe_open(paths, tensor_filter=["lm_head.weight"]) as f:

@@ -1,6 +1,7 @@
 #include "sim_allocators.h"
 
 #include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -84,7 +85,23 @@ void free_device_block(void* context) {
   }
 }
 
-struct DeviceAllocator final : public c10::Allocator {
+// A c10::DeviceAllocator, as CUDA's caching allocator is, so the engine's generic questions (the
+// free memory its default device budget takes a share of) reach it the same way.
+struct DeviceAllocator final : public c10::DeviceAllocator {
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}
+  void recordStream(const c10::DataPtr& data, c10::Stream stream) override {
+    record_block_use(data, stream);
+  }
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override { return {}; }
+  void resetAccumulatedStats(c10::DeviceIndex) override {}
+  void resetPeakStats(c10::DeviceIndex) override {}
+  // What torch.simdev.mem_get_info says: the capacity less the bytes in use.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    uint64_t used = std::min(device_bytes_in_use(device), kDeviceCapacity);
+    return {static_cast<size_t>(kDeviceCapacity - used), static_cast<size_t>(kDeviceCapacity)};
+  }
+
   c10::DataPtr allocate(size_t nbytes) override {
     c10::DeviceIndex device = current_device();
     auto* block = new DeviceBlock();

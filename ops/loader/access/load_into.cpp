@@ -82,7 +82,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   DeviceStage stage(device, staging_bytes, block, 0);
   auto close_stage = c10::make_scope_exit([&stage] { stage.close(); });
   // Two slices fit at once, whatever the read widening, so reads and copies overlap.
-  const uint64_t slice = staging_slice_bytes(chunk_size, staging_bytes, block);
+  const uint64_t slice = plan::staging_slice_bytes(chunk_size, staging_bytes, block);
   c10::DeviceGuard guard(device);
   // Work already queued on the consumer's stream may still read the old values.
   CopyFence::after(stage.streams().consumer()).block(stage.streams().loader(), "load_into_start");
@@ -121,7 +121,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
         // No room without a wait: queue the copies of the reads already done first, so the
         // copy engine has work while the host waits; then wait for a read while any is in
         // flight (the copies may finish meanwhile); only then for the oldest copy. The same
-        // order as the loader's passes (Loader::wait_until_landed).
+        // order as the loader's passes (ReadPass::wait_until_landed).
         if (stream.waiting() > 0 && reads.done(stream.oldest_tag())) {
           land_oldest();
         } else if (reads.in_flight() > 0) {

@@ -47,12 +47,12 @@ void check_destination(const format::Checkpoint& checkpoint, const Fill& fill) {
   if (!dest.defined()) fail("is an undefined tensor");
   if (dest.layout() != at::kStrided) fail("is not a strided tensor");
   if (dest.is_meta()) fail("is a meta tensor, with no memory to fill");
-  auto dtype = to_torch_dtype(t.entry->dtype, file, t.name());
+  auto dtype = format::to_torch_dtype(t.entry->dtype, file, t.name());
   if (dest.scalar_type() != dtype) {
     fail(std::string("has dtype ") + c10::toString(dest.scalar_type()) + ", the file has " +
          c10::toString(dtype));
   }
-  auto shape = to_torch_shape(*t.entry, file);
+  auto shape = format::to_torch_shape(*t.entry, file);
   if (dest.sizes() != c10::IntArrayRef(shape)) {
     fail("has shape " + shape_text(dest.sizes()) + ", the file has " + shape_text(shape));
   }

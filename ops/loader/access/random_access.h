@@ -19,7 +19,7 @@ class RandomAccess {
  public:
   // Everything referenced outlives this object; host memory comes from `recycled`. Consumer
   // thread, under the loader's lock.
-  RandomAccess(const PassPlan& plan, const LoadMode& mode, c10::Device target,
+  RandomAccess(const PassPlan& plan, const plan::LoadMode& mode, c10::Device target,
                uint64_t device_budget, io::IoSetup& io, ReadScheduler& reads,
                TensorFactory& factory, std::shared_ptr<pool::RecycledBlocks> recycled, Stats& stats)
       : plan_(plan),
@@ -52,7 +52,7 @@ class RandomAccess {
   at::Tensor to_target(at::Tensor tensor) const;
 
   const PassPlan& plan_;
-  const LoadMode& mode_;
+  const plan::LoadMode& mode_;
   c10::Device target_;
   const uint64_t device_budget_;  // the budget in force (agreed by the group)
   io::IoSetup& io_;

@@ -11,7 +11,8 @@ namespace instanttensor::loader {
 
 TensorSpec TensorFactory::spec(const format::IndexedTensor& t) const {
   const std::string& file = checkpoint_.files()[t.file_index].path;
-  return TensorSpec{to_torch_dtype(t.entry->dtype, file, t.name()), to_torch_shape(*t.entry, file)};
+  return TensorSpec{format::to_torch_dtype(t.entry->dtype, file, t.name()),
+                    format::to_torch_shape(*t.entry, file)};
 }
 
 at::Tensor TensorFactory::over(c10::intrusive_ptr<c10::StorageImpl> storage,

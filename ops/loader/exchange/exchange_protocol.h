@@ -1,8 +1,8 @@
 // The protocol of a distributed pass, on top of RankExchange's collectives: the layout digest
 // and what the handshake agrees on (the smallest device budget, which ranks share a host), one
 // status round per unit carrying any failure (so a failure on one rank raises on every rank
-// after the same round), deferred failures, and each unit's gather. The loader drives it and
-// waits for its own reads between the steps (Loader::exchange_group). Consumer thread only.
+// after the same round), deferred failures, and each unit's gather. The walks of ranks drive it
+// (loader/walk/), waiting for their own reads between the steps. Consumer thread only.
 #pragma once
 
 #include <c10/core/Stream.h>
@@ -28,7 +28,7 @@ struct LayoutOptions {
   bool host_fallback = false;
   bool staged = false;
   int device_type = 0;
-  ExchangePolicy exchange = ExchangePolicy::Auto;  // every rank must decide alike
+  plan::ExchangePolicy exchange = plan::ExchangePolicy::Auto;  // every rank must decide alike
 };
 
 // FNV-1a over files (sizes, header lengths), the selected tensors (name, offset, size) and the
@@ -50,7 +50,7 @@ class ExchangeProtocol {
   int world() const { return exchange_.world(); }
   const HostTopology& topology() const { return topology_; }
   // The mode chose to exchange bytes at `place`: sets up the gathers. Before any gather_unit.
-  void prepare_gathers(ExchangePlace place) { exchange_.prepare_gathers(place); }
+  void prepare_gathers(plan::ExchangePlace place) { exchange_.prepare_gathers(place); }
 
   // Ranks that read alone but walk in step (StepRounds) make status_round()s too: they defer
   // nothing (a failing rank makes its round at once).
@@ -59,9 +59,9 @@ class ExchangeProtocol {
   void defer(Error failure) { deferred_ = std::move(failure); }
   void forget_deferred() { deferred_.reset(); }
 
-  // A group's exchange is driven by the loader, which waits for its own reads between the
-  // steps (Loader::exchange_group): a group read as rank shares makes one status round and one
-  // gather per unit; a group every rank read whole (a host-fallback tensor) or only empty
+  // A group's exchange is driven by ExchangingWalk::exchange_group, which waits for its own
+  // reads between the steps: a group read as rank shares makes one status round and one gather
+  // per unit; a group every rank read whole (a host-fallback tensor) or only empty
   // tensors, one status round. Every rank makes the same calls in the same order.
   //
   // The failure deferred so far (the group's first, unless it has its own); forgets it.

@@ -33,11 +33,12 @@ void trace(int rank, const std::string& line) {
 
 }  // namespace
 
-GatherMethod choose_gather_method(ExchangePlace place, const std::string& backend_name,
+GatherMethod choose_gather_method(plan::ExchangePlace place, const std::string& backend_name,
                                   c10::DeviceType device) {
   if (backend_name != "gloo") return GatherMethod::AllGather;
-  return place == ExchangePlace::Host || device != c10::DeviceType::CPU ? GatherMethod::Broadcasts
-                                                                        : GatherMethod::AllGather;
+  return place == plan::ExchangePlace::Host || device != c10::DeviceType::CPU
+             ? GatherMethod::Broadcasts
+             : GatherMethod::AllGather;
 }
 
 std::string describe_backends(c10d::ProcessGroup& group) {
@@ -61,7 +62,7 @@ RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::De
       rank_(group_->getRank()),
       world_(group_->getSize()) {}
 
-void RankExchange::prepare_gathers(ExchangePlace place) {
+void RankExchange::prepare_gathers(plan::ExchangePlace place) {
   method_ = choose_gather_method(place, backend_->getBackendName(), device_.type());
 }
 

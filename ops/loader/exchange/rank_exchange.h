@@ -21,7 +21,7 @@ namespace instanttensor::loader {
 // 2.29 GB/s, 16 MiB, 2 ranks), and gloo's support for all-gathering device tensors varies by
 // release, so host memory over gloo, and device tensors over gloo, take one broadcast per slice.
 enum class GatherMethod { AllGather, Broadcasts };
-GatherMethod choose_gather_method(ExchangePlace place, const std::string& backend_name,
+GatherMethod choose_gather_method(plan::ExchangePlace place, const std::string& backend_name,
                                   c10::DeviceType device);
 
 // "cpu:gloo, cuda:nccl"-style description of a group's backends, for the fallback warning.
@@ -51,7 +51,7 @@ class RankExchange {
   Agreement handshake(uint64_t digest, uint64_t budget, uint64_t host_identity,
                       const std::string& file);
   // How gather() moves a unit, for where the exchange runs (GatherMethod); before any gather.
-  void prepare_gathers(ExchangePlace place);
+  void prepare_gathers(plan::ExchangePlace place);
 
   // The status round of a unit: every rank contributes 0 or its failure (kind and message), the
   // host reads them all once. Throws on every rank when any rank failed (its own error, or

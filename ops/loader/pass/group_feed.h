@@ -36,19 +36,19 @@ class GroupFeed {
 class WholeGroupFeed : public GroupFeed {
  public:
   // Everything referenced outlives this object.
-  WholeGroupFeed(const PassPlan& plan, const LoadMode& mode, ReadScheduler& reads)
+  WholeGroupFeed(const PassPlan& plan, const plan::LoadMode& mode, ReadScheduler& reads)
       : plan_(plan), mode_(mode), reads_(reads) {}
   void reset() override;
   void submit_placed(PassState& pass) override;
   // A failed group after `waited` is not reported here (the groups before it land and are
   // handed out); the pass still fails on it as soon as the consumer has to wait for a read and
-  // the scheduler reports it (Loader::check_pass_reads), as before the split.
+  // the scheduler reports it (ReadPass::check_reads), as before the split.
   std::optional<Error> land(PassState& pass, size_t waited) override;
   std::optional<size_t> group_of(uint64_t tag) const override;
 
  private:
   const PassPlan& plan_;
-  const LoadMode& mode_;
+  const plan::LoadMode& mode_;
   ReadScheduler& reads_;
   std::deque<size_t> submitted_;  // groups whose read is in flight, in order
   size_t cursor_ = 0;             // the next placed group to consider

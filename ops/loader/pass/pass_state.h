@@ -17,12 +17,14 @@
 
 namespace instanttensor::loader {
 
-// The checkpoint, the read plan and the memory plan of one loader, with the lookups every part
-// needs. Fixed at open; the parts keep a reference to the loader's.
+// The checkpoint, the load mode, the read plan and the memory plan of one loader, with the
+// lookups every part needs. Fixed at open; the parts keep a reference to the loader's.
 struct PassPlan {
   std::unique_ptr<format::Checkpoint> checkpoint;
+  plan::LoadMode mode;
+  uint64_t device_budget = UINT64_MAX;  // staged: device bytes the loader may use (agreed)
   plan::ReadPlan reads;
-  MemoryPlan memory;          // ring sizes, read grouping and the unit cut
+  plan::MemoryPlan memory;    // ring sizes, read grouping and the unit cut
   uint64_t io_alignment = 1;  // O_DIRECT alignment of reads (1: buffered)
   uint64_t ring_alignment = 64;
   uint64_t chunk_size = 0;
@@ -40,11 +42,15 @@ struct PassPlan {
   size_t unit_count(size_t group) const {
     return memory.layout.unit_count(reads.groups[group].length);
   }
+  // Where group `g` lands, from the plan alone (every rank alike).
+  plan::Destination destination_of(size_t group) const {
+    return mode.destination_of(first_tensor(group).nbytes, device_budget);
+  }
 };
 
 // One read group in the current pass.
 struct GroupState {
-  Destination where = Destination::HostOwned;
+  plan::Destination where = plan::Destination::HostOwned;
   plan::AlignedRange range;  // the group's bytes, widened for O_DIRECT
   uint8_t* dest = nullptr;   // the group's first byte in its destination
   bool placed = false;

@@ -20,7 +20,7 @@ class ShareFeed : public GroupFeed {
   // Serves the groups that use shares (mode.uses_shares). `staging`: null when shares are read in
   // place (host exchange). `rank`: this rank's slice of each unit (0 for one process).
   // Everything referenced outlives this object. Consumer thread.
-  ShareFeed(const PassPlan& plan, const LoadMode& mode, ReadScheduler& reads,
+  ShareFeed(const PassPlan& plan, const plan::LoadMode& mode, ReadScheduler& reads,
             StagingStream* staging, int rank, Stats& stats)
       : plan_(plan), mode_(mode), reads_(reads), staging_(staging), rank_(rank), stats_(stats) {}
 
@@ -44,7 +44,7 @@ class ShareFeed : public GroupFeed {
     bool staged = false;  // in the staging stream until copied
   };
   const PassPlan& plan_;
-  const LoadMode& mode_;
+  const plan::LoadMode& mode_;
   ReadScheduler& reads_;
   StagingStream* staging_;
   int rank_;

@@ -25,6 +25,24 @@ DeviceStage::~DeviceStage() {
   }
 }
 
+bool DeviceStage::record_use_by_copies(c10::StorageImpl& owned) const noexcept {
+  if (owned.device().is_cpu() || fence_dropped("owned_free")) return false;
+  try {
+    streams_.record_on_loader(owned.data_ptr());
+  } catch (...) {
+    // Not recorded: the consumer's stream waiting for the loader's orders the free still.
+  }
+  return true;
+}
+
+void DeviceStage::order_consumer_after_copies() const noexcept {
+  try {
+    CopyFence::after(streams_.loader()).block(streams_.consumer(), "owned_free");
+  } catch (...) {
+    // A device in error: nothing queued on it will run.
+  }
+}
+
 c10::DataPtr DeviceStage::allocate_owned(uint64_t nbytes) const {
   c10::DeviceGuard guard(streams_.device());
   return c10::GetAllocator(streams_.device().type())->allocate(nbytes);

@@ -38,6 +38,23 @@ class DeviceStage {
   // An owned copy of `nbytes` at device address `from`, queued on the consumer's stream.
   c10::DataPtr copy_on_device(const uint8_t* from, uint64_t nbytes) const;
 
+  // Owned device memory dropped before it was handed out may still be the target of a copy
+  // queued on the loader's stream (a staged read's, a gather's). It was allocated on the
+  // consumer's stream, whose free does not wait for that copy: on CUDA the caching allocator
+  // would hand the block to the next allocation while the copy still writes into it. The two
+  // steps below order the free after the copies, with no host wait. Consumer thread.
+  //
+  // Step one: records a use of `owned` on the loader's stream (torch's record_stream; a no-op
+  // for allocators without one, or memory they do not own). False for host memory: nothing to
+  // order.
+  bool record_use_by_copies(c10::StorageImpl& owned) const noexcept;
+  // Step two, once after any number of step ones: the consumer's stream waits for the loader's.
+  void order_consumer_after_copies() const noexcept;
+  // Both steps for one storage.
+  void keep_until_copied(c10::StorageImpl& owned) const noexcept {
+    if (record_use_by_copies(owned)) order_consumer_after_copies();
+  }
+
   // Copies out borrowed device tensors still referenced (they must outlive the ring), waits
   // for the copies reading staging memory even if that fails, and frees both rings. Idempotent.
   uint64_t close();

@@ -1,0 +1,26 @@
+#include "loader/access/tensor_memory.h"
+
+namespace instanttensor::loader {
+
+TensorMemory::TensorMemory(const PassPlan& plan, c10::Device target, Stats& stats)
+    : pool_capacity_(plan.memory.buffer_size / 2),
+      recycled_(std::make_shared<pool::RecycledBlocks>(pool_capacity_)) {
+  if (plan.mode.staged) {
+    stage_ = std::make_unique<DeviceStage>(target, plan.memory.staging_bytes, plan.ring_alignment,
+                                           plan.memory.device_ring_bytes);
+  }
+  factory_ = std::make_unique<TensorFactory>(*plan.checkpoint, stage_.get(), stats);
+}
+
+const std::shared_ptr<pool::RecycledBlocks>& TensorMemory::replace_pool_after_fork() {
+  recycled_ = std::make_shared<pool::RecycledBlocks>(pool_capacity_);
+  return recycled_;
+}
+
+uint64_t TensorMemory::close() {
+  uint64_t materialized = stage_ ? stage_->close() : 0;
+  recycled_->close();
+  return materialized;
+}
+
+}  // namespace instanttensor::loader

@@ -1,0 +1,90 @@
+#include "loader/walk/exchanging_walk.h"
+
+namespace instanttensor::loader {
+
+void ExchangingWalk::begin() {
+  exchange_->wait_gathers();
+  exchange_->forget_deferred();
+  reads_.begin();
+}
+
+std::optional<Error> ExchangingWalk::landing_failure(size_t g, size_t units) {
+  try {
+    reads_.wait_until_landed(g, units);
+  } catch (const Error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+void ExchangingWalk::exchange_group(size_t g, std::optional<Error> failure) {
+  const PassPlan& plan = reads_.plan();
+  GroupState& state = reads_.state().groups[g];
+  const plan::ReadGroup& group = plan.reads.groups[g];
+  const std::string& file = plan.file_of(plan.first_tensor(g));
+  auto deferred = exchange_->take_deferred();
+  if (!failure) failure = std::move(deferred);
+  // From the plan, not from state.where: a rank that failed before placing the group must
+  // still make the same collectives as the others.
+  const bool shares = plan.mode.uses_shares(plan.destination_of(g));
+  const size_t units = plan.unit_count(g);
+  if (!shares || units == 0) {
+    // Read whole by every rank (a tensor that stays on the host) or only empty tensors: a
+    // status round alone, so a failure still reaches every rank.
+    if (!failure) failure = landing_failure(g, SIZE_MAX);
+    exchange_->status_round(failure, file, stats_);
+    state.units_exchanged = 1;
+    return;
+  }
+  uint64_t own = 0;
+  while (state.units_exchanged < units) {
+    const size_t u = state.units_exchanged;
+    if (!failure) failure = landing_failure(g, u + 1);  // this rank's share of unit u in place
+    exchange_->status_round(failure, file, stats_);     // throws on every rank after a failure
+    own += exchange_->gather_unit(g, u, plan, state, reads_.loader_stream());
+    state.units_exchanged += 1;
+  }
+  stats_.bytes_received += group.length - own;
+}
+
+std::optional<std::pair<std::string, at::Tensor>> ExchangingWalk::next() {
+  PassState& state = reads_.state();
+  const size_t items = reads_.plan().reads.items.size();
+  if (state.error) throw *state.error;
+  if (state.started && state.next_item >= items) return std::nullopt;
+  size_t item = state.started ? state.next_item : 0;
+  if (item >= items) {  // an empty selection: the pass begins and ends here
+    begin();
+    return std::nullopt;
+  }
+  std::optional<Error> failure;
+  try {
+    if (!state.started) begin();
+    reads_.release_consumed();
+    reads_.make_ready(item, /*wait=*/false);
+  } catch (const Error& e) {
+    failure = e;
+  } catch (const std::exception& e) {  // it travels with the round too
+    failure = reads_.failure_of(e, item);
+  }
+  size_t g = reads_.plan().reads.group_of[item];
+  if (state.groups.empty()) {
+    if (failure) throw *failure;
+  } else if (state.groups[g].units_exchanged == 0) {
+    try {
+      exchange_group(g, std::move(failure));
+    } catch (const Error& e) {
+      reads_.fail(e);
+    }
+  } else if (failure) {
+    exchange_->defer(*failure);  // this group is already here; the next round carries it
+  }
+  try {
+    reads_.pump();
+  } catch (const Error& e) {
+    exchange_->defer(e);
+  }
+  return reads_.hand_out(item, exchange_.get());
+}
+
+}  // namespace instanttensor::loader
