@@ -215,9 +215,7 @@ class SafeOpen {
 // The names of every tensor of `files`, in storage order (files sorted by path, then by offset),
 // from their validated headers; no tensor data is read. Throws Error naming the file for a
 // missing or malformed file. For choosing a selection (OpenOptions::keys) by pattern before
-// opening: the next SafeOpen of the same files on this thread takes the headers parsed here, if
-// the files are unchanged, instead of parsing them again (until then their fds stay open). Any
-// thread.
+// opening. Any thread.
 std::vector<std::string> tensor_names(std::vector<std::string> files);
 
 // Every tensor of `file` as owned tensors on `device` (as safetensors.torch.load_file).

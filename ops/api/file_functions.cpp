@@ -4,7 +4,6 @@
 #include <tuple>
 
 #include "format/checkpoint.h"
-#include "format/parsed_checkpoint.h"
 #include "format/torch_dtype.h"
 #include "format/writer.h"
 #include "instanttensor/instanttensor.h"
@@ -12,12 +11,10 @@
 namespace instanttensor {
 
 std::vector<std::string> tensor_names(std::vector<std::string> files) {
-  auto checkpoint = std::make_unique<format::Checkpoint>(std::move(files));
+  format::Checkpoint checkpoint(std::move(files));
   std::vector<std::string> names;
-  names.reserve(checkpoint->tensors().size());
-  for (const auto& tensor : checkpoint->tensors()) names.push_back(tensor.name());
-  // The open that follows with the names that matched takes it instead of parsing again.
-  format::keep_for_next_open(std::move(checkpoint));
+  names.reserve(checkpoint.tensors().size());
+  for (const auto& tensor : checkpoint.tensors()) names.push_back(tensor.name());
   return names;
 }
 

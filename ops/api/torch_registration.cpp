@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "api/serialization.h"
+#include "format/parsed_checkpoint.h"
 #include "format/torch_dtype.h"
 #include "instanttensor/instanttensor.h"
 #include "io/testing_hooks.h"
@@ -60,6 +61,17 @@ void save_tensors(std::vector<at::Tensor> tensors, std::vector<std::string> name
       (*metadata)[metadata_keys[i]] = metadata_values[i];
   }
   save_file(named, file, metadata);
+}
+
+// The Python layer's tensor_filter: the names to match, from headers that the open following on
+// this thread takes over instead of parsing them again (format/parsed_checkpoint.h).
+std::vector<std::string> names_for_selection(std::vector<std::string> files) {
+  auto checkpoint = std::make_unique<format::Checkpoint>(std::move(files));
+  std::vector<std::string> names;
+  names.reserve(checkpoint->tensors().size());
+  for (const auto& tensor : checkpoint->tensors()) names.push_back(tensor.name());
+  format::keep_for_next_open(std::move(checkpoint));
+  return names;
 }
 
 // Flat (a0, b0, a1, b1, ...) pairs of names whose tensors share memory (save_file's check).
@@ -221,8 +233,9 @@ TORCH_LIBRARY(instanttensor, m) {
   m.def("dtype_table() -> (str[], str[])", &dtype_table_op);
   // ([environment variables], [their defaults as the README states them]).
   m.def("defaults() -> (str[], str[])", &defaults_op);
-  // Header-only: the Python layer matches tensor_filter patterns against these names.
-  m.def("tensor_names(str[] files) -> str[]", &tensor_names);
+  // Header-only: the Python layer matches tensor_filter patterns against these names; the open
+  // that follows on the same thread reuses the headers (any open there drops them).
+  m.def("tensor_names(str[] files) -> str[]", &names_for_selection);
   // The share of free accelerator memory the loader may use (max_free_mem_usage, the
   // environment, the default): the one parse of it, for the Python layer's budget.
   m.def("free_memory_share(float? given) -> float", &free_memory_share_op);

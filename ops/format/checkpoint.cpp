@@ -51,6 +51,7 @@ CheckpointFile open_file(const std::string& path) {
   file.device = st.st_dev;
   file.inode = st.st_ino;
   file.mtime_ns = mtime_of(st);
+  file.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
   try {
     file.header = read_file_header(file.fd, path, file.size);
   } catch (...) {
@@ -66,7 +67,9 @@ bool still_at_its_path(const CheckpointFile& file) {
   struct stat st {};
   if (::stat(file.path.c_str(), &st) != 0) return false;
   return st.st_dev == file.device && st.st_ino == file.inode &&
-         static_cast<uint64_t>(st.st_size) == file.size && mtime_of(st) == file.mtime_ns;
+         static_cast<uint64_t>(st.st_size) == file.size && mtime_of(st) == file.mtime_ns &&
+         static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec ==
+             file.ctime_ns;
 }
 
 Checkpoint::Checkpoint(std::vector<std::string> paths) {

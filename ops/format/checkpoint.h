@@ -22,11 +22,12 @@ struct CheckpointFile {
   dev_t device = 0;
   ino_t inode = 0;
   int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;  // status change: set by every write, unlike mtime (touch -r, cp -p)
   FileHeader header;
 };
 
-// Whether `file`'s path still names the file opened (device, inode), of the size and
-// modification time it had then (a rewrite, a replacement by rename, a deletion: false). Any
+// Whether `file`'s path still names the file opened (device, inode), of the size, modification
+// and status-change times it had then (a rewrite, a replacement by rename, a deletion: false). Any
 // thread.
 bool still_at_its_path(const CheckpointFile& file);
 

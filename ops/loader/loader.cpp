@@ -176,6 +176,7 @@ void Loader::close() {
     memory_->leave_stage_behind();
   }
   pass_->drain();
+  reads_->drain();  // whatever the pass: nothing may still write into memory freed below
   pass_->state().items.clear();
   pass_->state().groups.clear();
   reads_->stop();  // joins the workers
@@ -183,8 +184,9 @@ void Loader::close() {
   // Retained borrowed tensors must outlive the rings: copied out now, once the gathers into
   // them are done; kept views are made owned before the files close.
   walk_->close();
+  stats_.materializations += memory_->close_stage();
   stats_.materializations += pass_->release_memory();
-  stats_.materializations += memory_->close();
+  memory_->close_pool();
   if (options_.debug) print_debug_line();
   plan_.checkpoint->close_files();
 }

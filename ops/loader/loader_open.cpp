@@ -47,14 +47,16 @@ c10::Device with_index(c10::Device device) {
 
 Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   auto start = Clock::now();
+  // First, so that an open failing below never leaves a kept checkpoint's files open: parsed
+  // already when the Python layer matched a tensor_filter against the names.
+  auto kept = format::take_kept_checkpoint(files);
   options_ = loader::resolve_options(options);
   options_.device = with_index(options_.device);
   if (!options.device_budget) {
     options_.device_budget = loader::default_device_budget(options_.device, options_.free_share);
   }
-  // Parsed already when the Python layer matched a tensor_filter against the names.
-  plan_.checkpoint = format::take_kept_checkpoint(files);
-  if (!plan_.checkpoint) plan_.checkpoint = std::make_unique<format::Checkpoint>(std::move(files));
+  plan_.checkpoint =
+      kept ? std::move(kept) : std::make_unique<format::Checkpoint>(std::move(files));
   std::vector<size_t> selected = selected_indices();
   open_io();
   std::shared_ptr<const io::MappedFiles> mapping;

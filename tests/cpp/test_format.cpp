@@ -489,6 +489,21 @@ TEST(ParsedCheckpoint, TheNextOpenTakesItOnlyForTheSameUnchangedFiles) {
   keep();
   EXPECT_EQ(format::take_kept_checkpoint({paths[0]}), nullptr);
   EXPECT_EQ(testing::open_fd_count(), fds);
+  // A file rewritten in place at the same size with its old times put back (cp -p, touch -r):
+  // only the status-change time tells; parsed afresh.
+  keep();
+  {
+    struct stat before {};
+    ASSERT_EQ(::stat(paths[1].c_str(), &before), 0);
+    std::string bytes = testing::read_bytes(paths[1]);
+    bytes[bytes.size() - 1] ^= 1;
+    // File times tick coarsely (a few ms): past the tick the file was written in.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    testing::write_bytes(paths[1], bytes);
+    struct timespec times[2] = {before.st_atim, before.st_mtim};
+    ASSERT_EQ(::utimensat(AT_FDCWD, paths[1].c_str(), times, 0), 0);
+  }
+  EXPECT_EQ(format::take_kept_checkpoint(paths), nullptr);
   // A file rewritten since (size and mtime), or replaced by a rename: parsed afresh.
   keep();
   format::write_safetensors(dir.file("a.safetensors"),

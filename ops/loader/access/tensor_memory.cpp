@@ -17,10 +17,4 @@ const std::shared_ptr<pool::RecycledBlocks>& TensorMemory::replace_pool_after_fo
   return recycled_;
 }
 
-uint64_t TensorMemory::close() {
-  uint64_t materialized = stage_ ? stage_->close() : 0;
-  recycled_->close();
-  return materialized;
-}
-
 }  // namespace instanttensor::loader

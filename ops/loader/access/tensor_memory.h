@@ -35,9 +35,11 @@ class TensorMemory {
   // In a forked child at close: the device's streams and memory were the parent's, leaked here,
   // never synchronized (the parent still owns and closes them).
   void leave_stage_behind() { (void)stage_.release(); }
-  // Copies out borrowed device tensors still held (they must outlive the rings), frees the stage
-  // and stops recycling. Returns the tensors copied out. Idempotent.
-  uint64_t close();
+  // At close, in this order around the pass's release_memory: copies out borrowed device
+  // tensors still held (they must outlive the rings) and frees the stage, returning the tensors
+  // copied out; then stops recycling. Both idempotent.
+  uint64_t close_stage() { return stage_ ? stage_->close() : 0; }
+  void close_pool() { recycled_->close(); }
 
  private:
   uint64_t pool_capacity_;
