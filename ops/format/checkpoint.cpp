@@ -13,9 +13,12 @@ namespace instanttensor::format {
 
 namespace {
 
-int64_t mtime_of(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+int64_t nanoseconds(const struct timespec& at) {
+  return static_cast<int64_t>(at.tv_sec) * 1'000'000'000 + at.tv_nsec;
 }
+
+int64_t mtime_of(const struct stat& st) { return nanoseconds(st.st_mtim); }
+int64_t ctime_of(const struct stat& st) { return nanoseconds(st.st_ctim); }
 
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "directory";
@@ -51,7 +54,7 @@ CheckpointFile open_file(const std::string& path) {
   file.device = st.st_dev;
   file.inode = st.st_ino;
   file.mtime_ns = mtime_of(st);
-  file.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+  file.ctime_ns = ctime_of(st);
   try {
     file.header = read_file_header(file.fd, path, file.size);
   } catch (...) {
@@ -68,8 +71,7 @@ bool still_at_its_path(const CheckpointFile& file) {
   if (::stat(file.path.c_str(), &st) != 0) return false;
   return st.st_dev == file.device && st.st_ino == file.inode &&
          static_cast<uint64_t>(st.st_size) == file.size && mtime_of(st) == file.mtime_ns &&
-         static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec ==
-             file.ctime_ns;
+         ctime_of(st) == file.ctime_ns;
 }
 
 Checkpoint::Checkpoint(std::vector<std::string> paths) {
