@@ -4,6 +4,7 @@
 
 #include "instanttensor/error.h"
 #include "io/direct_io.h"
+#include "io/read_method_probe.h"
 
 namespace instanttensor::io {
 
@@ -14,9 +15,9 @@ constexpr double kMostlyResident = 0.5;
 }  // namespace
 
 IoSetup::IoSetup(const std::vector<std::string>& backend_names,
-                 const std::vector<FileToRead>& files) {
+                 const std::vector<FileToRead>& files)
+    : files_(files) {
   bool want_direct = false;
-  std::string skipped;
   uint64_t total = 0;
   double resident = 0;
   for (const auto& file : files) {
@@ -29,40 +30,63 @@ IoSetup::IoSetup(const std::vector<std::string>& backend_names,
       try {
         mapping_ = std::make_shared<const MappedFiles>(files);
       } catch (const Error& e) {
-        skipped += std::string(" mmap (") + e.what() + ")";
+        skipped_ += std::string(" mmap (") + e.what() + ")";
         continue;
       }
       break;
     }
     if (name == "auto") {
-      want_direct = !mostly_resident_;
+      cold_method_undecided_ = !mostly_resident_;  // buffered until choose_cold_read_method
     } else {
       want_direct = name == "direct" || name == "uring";
       uring_ = name == "uring" || name == "uring_buffered";
     }
     break;
   }
-  int refused = 0;
   for (const auto& file : files) {
     buffered_fds_.push_back(file.buffered_fd);
-    int fd = -1;
-    DirectIoAlignment alignment;
-    if (want_direct) fd = open_direct(file.path, &alignment);
-    if (fd >= 0) {
-      owned_fds_.push_back(fd);
-      read_fds_.push_back(fd);
-      if (alignment.offset_alignment > alignment_) alignment_ = alignment.offset_alignment;
-    } else {
-      refused += want_direct ? 1 : 0;
-      read_fds_.push_back(file.buffered_fd);
-    }
+    read_fds_.push_back(file.buffered_fd);
   }
-  description_ = mapping_
-                     ? "mmap"
-                     : std::string(uring_ ? "io_uring" : "pread") + (direct() ? "+O_DIRECT" : "");
-  if (refused > 0)
-    description_ += " (" + std::to_string(refused) + " file(s) buffered: O_DIRECT refused)";
-  if (!skipped.empty()) description_ += " (skipped:" + skipped + ")";
+  if (want_direct) read_direct();
+  describe();
+}
+
+void IoSetup::read_direct() {
+  for (size_t index = 0; index < files_.size(); ++index) {
+    DirectIoAlignment alignment;
+    int fd = open_direct(files_[index].path, &alignment);
+    if (fd < 0) {
+      direct_refused_ += 1;  // this file stays buffered
+      continue;
+    }
+    owned_fds_.push_back(fd);
+    read_fds_[index] = fd;
+    if (alignment.offset_alignment > alignment_) alignment_ = alignment.offset_alignment;
+  }
+}
+
+void IoSetup::describe() {
+  description_ = mapping_ ? "mmap" : std::string(uring_ ? "io_uring" : "pread");
+  if (direct()) description_ += "+O_DIRECT";
+  if (direct_refused_ > 0) {
+    description_ += " (" + std::to_string(direct_refused_) + " file(s) buffered: O_DIRECT refused)";
+  }
+  if (!skipped_.empty()) description_ += " (skipped:" + skipped_ + ")";
+}
+
+void IoSetup::choose_cold_read_method(bool time_them) {
+  if (!cold_method_undecided_) return;
+  cold_method_undecided_ = false;
+  if (!time_them) {
+    add_note("auto: buffered, the iteration reads through the page cache");
+    return;
+  }
+  auto choice = measure_read_methods(files_);
+  if (choice.direct) {
+    read_direct();
+    describe();
+  }
+  add_note(choice.reason);
 }
 
 IoSetup::~IoSetup() { close(); }

@@ -16,7 +16,7 @@ class IoSetup {
  public:
   // Walks `backend_names` (lower-case, preferred first) and settles on the first usable one:
   //   auto           -> buffered reads when the files are mostly in the page cache (mincore),
-  //                     else O_DIRECT reads through the pread pool;
+  //                     else as choose_cold_read_method decides (buffered until then);
   //   pread|buffered -> buffered pread pool;   direct -> O_DIRECT pread pool;
   //   uring          -> io_uring on O_DIRECT;  uring_buffered -> io_uring, buffered;
   //   mmap           -> each file mapped once (MappedFiles); reads copy from the mapping, and
@@ -28,6 +28,13 @@ class IoSetup {
   ~IoSetup();
   IoSetup(const IoSetup&) = delete;
   IoSetup& operator=(const IoSetup&) = delete;
+
+  // `auto` on files mostly out of the page cache: with `time_them`, O_DIRECT and buffered reads
+  // are timed on the first bytes of the load (measure_read_methods) and the faster one kept;
+  // without (the iteration reads through the page cache anyway), buffered. The choice and the
+  // rates go into description(). Call before start_backend and before reading alignment();
+  // nothing for any other backend or for cached files; once. Consumer thread.
+  void choose_cold_read_method(bool time_them);
 
   // The fd reads of file `index` go to.
   int read_fd(size_t index) const { return read_fds_[index]; }
@@ -60,6 +67,12 @@ class IoSetup {
   void close();
 
  private:
+  // Opens every file O_DIRECT where the filesystem allows it: their reads go there.
+  void read_direct();
+  // The description from the choices so far: "pread+O_DIRECT (1 file(s) buffered: ...)".
+  void describe();
+
+  std::vector<FileToRead> files_;
   std::vector<int> read_fds_;
   std::vector<int> buffered_fds_;
   std::shared_ptr<const MappedFiles> mapping_;
@@ -67,6 +80,9 @@ class IoSetup {
   uint64_t alignment_ = 1;
   bool uring_ = false;
   bool mostly_resident_ = false;
+  bool cold_method_undecided_ = false;
+  int direct_refused_ = 0;
+  std::string skipped_;  // backends of the chain that could not be used, and why
   std::string description_;
   std::string note_;
 };

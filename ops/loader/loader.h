@@ -73,7 +73,8 @@ class Loader {
 
   // Opening (loader_open.cpp), in this order.
   std::vector<size_t> selected_indices() const;
-  // The read backend for the options' chain, and the alignments and chunk size that follow.
+  // The read backend for the options' chain (cold files under `auto`: buffered until
+  // settle_read_method).
   void open_io();
   // chunk_size as asked, or the default, before any rounding.
   uint64_t requested_chunk() const;
@@ -81,6 +82,9 @@ class Loader {
   // handshake (returned), which says where the ranks run and agrees on the device budget.
   std::unique_ptr<loader::ExchangeProtocol> choose_mode(
       const std::vector<size_t>& selected, std::shared_ptr<const io::MappedFiles>& mapping);
+  // After the mode: the read method for cold files under `auto` (timed unless the iteration
+  // reads through the page cache), then the alignments and the chunk size that follow.
+  void settle_read_method();
   // Host views: maps the files for them now, before the memory plan; a file that cannot be
   // mapped chooses the mode again without them (the read path, planned as such), with a note.
   std::shared_ptr<const io::MappedFiles> map_files_for_views(plan::LoadModeInputs in);

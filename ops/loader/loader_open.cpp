@@ -61,6 +61,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   open_io();
   std::shared_ptr<const io::MappedFiles> mapping;
   auto exchange = choose_mode(selected, mapping);
+  settle_read_method();
   const bool exchanging = plan_.mode.exchanging();
   size_and_plan(std::move(selected), exchanging ? exchange->world() : 1);
   // Ranks in step that read alone: the others of this host read beside this one.
@@ -80,9 +81,19 @@ void Loader::open_io() {
     files_to_read.push_back(io::FileToRead{file.path, file.fd, file.size});
   }
   io_ = std::make_unique<io::IoSetup>(options_.backends, files_to_read);
+}
+
+void Loader::settle_read_method() {
+  // Host views read nothing through the backend while iterating: timing cold reads would cost
+  // the open 64 MiB of reads for random access and load_into alone.
+  io_->choose_cold_read_method(/*time_them=*/!plan_.mode.host_views);
   plan_.io_alignment = io_->alignment();
   plan_.ring_alignment = std::max<uint64_t>(kRingAlignment, plan_.io_alignment);
-  plan_.chunk_size = plan::round_up(requested_chunk(), plan_.ring_alignment);
+  // Exchanging ranks cut units alike whatever each one's O_DIRECT alignment: the chunk from
+  // the requested size alone (the digest covers that).
+  plan_.chunk_size =
+      plan::round_up(requested_chunk(),
+                     plan_.mode.exchanging() ? plan::kMaxDirectAlignment : plan_.ring_alignment);
 }
 
 uint64_t Loader::requested_chunk() const {
@@ -138,15 +149,9 @@ std::unique_ptr<loader::ExchangeProtocol> Loader::choose_mode(
     // The handshake told where every rank runs: the mode's final choice.
     in.hosts = exchange->topology().hosts;
     mode = plan::choose_load_mode(in);
-    // Ranks that read alone keep one process's read path, O_DIRECT for cold files included,
-    // though each rank then reads the disk itself: buffered reads through the shared page
-    // cache measured slower on this project's 2-core machine (benchmarks/README.md).
-    if (mode.exchanging()) {
-      exchange->prepare_gathers(mode.exchange);
-      // Units must be alike on every rank, whatever each one's O_DIRECT alignment: the chunk
-      // from the requested size alone (the digest covers that).
-      plan_.chunk_size = plan::round_up(requested_chunk(), plan::kMaxDirectAlignment);
-    }
+    // Ranks that read alone keep one process's read path (the read method timed for cold
+    // files included), though each rank then reads the disk itself.
+    if (mode.exchanging()) exchange->prepare_gathers(mode.exchange);
   }
   mapping = map_files_for_views(in);
   return exchange;

@@ -16,6 +16,7 @@
 #include "io/mapped_files.h"
 #include "io/page_cache_read_ahead.h"
 #include "io/read_backend.h"
+#include "io/read_method_probe.h"
 #include "plan/read_plan.h"
 #include "pool/ring_allocator.h"
 
@@ -173,6 +174,72 @@ TEST(ResidentFraction, CountsCachedPagesExactlyOrBySampling) {
   }
   EXPECT_EQ(io::resident_fraction(-1, 4096), 0.0);
   EXPECT_EQ(io::resident_fraction(0, 0), 0.0);
+}
+
+TEST(ReadMethodProbe, TheFasterMethodWinsAndAMethodNotTimedLoses) {
+  auto slower_direct = io::decide_read_method(0.9e9, 2.3e9, 32 << 20);
+  EXPECT_FALSE(slower_direct.direct);
+  EXPECT_EQ(slower_direct.reason,
+            "auto: buffered 2.30 GB/s against O_DIRECT 0.90 GB/s over 32 MiB each");
+  auto faster_direct = io::decide_read_method(3.1e9, 2.3e9, 32 << 20);
+  EXPECT_TRUE(faster_direct.direct);
+  EXPECT_EQ(faster_direct.direct_rate, 3.1e9);
+  EXPECT_EQ(faster_direct.buffered_rate, 2.3e9);
+  EXPECT_TRUE(io::decide_read_method(2e9, 2e9, 1 << 20).direct);  // a tie spares the page cache
+  auto refused = io::decide_read_method(0, 1e9, 1 << 20);
+  EXPECT_FALSE(refused.direct);
+  EXPECT_EQ(refused.reason, "auto: buffered 1.00 GB/s, O_DIRECT could not be timed");
+  EXPECT_TRUE(io::decide_read_method(1e9, 0, 1 << 20).direct);
+  EXPECT_FALSE(io::decide_read_method(0, 0, 1 << 20).direct);
+}
+
+TEST(ReadMethodProbe, TimesBothMethodsOnTheLargestFileOnlyWhenTheCheckpointIsLargeEnough) {
+  TempDir dir;
+  const uint64_t probe = 256 << 10;
+  std::string small_path = dir.file("small.bin");
+  std::string large_path = dir.file("large.bin");
+  testing::write_bytes(small_path, std::string(64 << 10, 's'));
+  testing::write_bytes(large_path, std::string(4 * probe, 'l'));
+  int small_fd = ::open(small_path.c_str(), O_RDONLY);
+  int large_fd = ::open(large_path.c_str(), O_RDONLY);
+  ASSERT_GE(small_fd, 0);
+  ASSERT_GE(large_fd, 0);
+  std::vector<io::FileToRead> files{{small_path, small_fd, 64 << 10},
+                                    {large_path, large_fd, 4 * probe}};
+  const int fds_before = testing::open_fd_count();
+  const int threads_before = testing::thread_count();
+
+  auto timed = io::measure_read_methods(files, probe, /*smallest_timed=*/1 << 20);
+  EXPECT_GT(timed.buffered_rate, 0);
+  io::DirectIoAlignment alignment;
+  int direct_fd = io::open_direct(large_path, &alignment);
+  if (direct_fd >= 0) {
+    ::close(direct_fd);
+    EXPECT_GT(timed.direct_rate, 0) << timed.reason;
+    EXPECT_NE(timed.reason.find("against"), std::string::npos) << timed.reason;
+  } else {
+    EXPECT_EQ(timed.direct_rate, 0);  // tmpfs: buffered, and said
+    EXPECT_NE(timed.reason.find("O_DIRECT could not be timed"), std::string::npos);
+  }
+  EXPECT_EQ(timed.direct, timed.direct_rate >= timed.buffered_rate && timed.direct_rate > 0);
+  EXPECT_EQ(testing::open_fd_count(), fds_before);  // its O_DIRECT fd closed
+  EXPECT_EQ(testing::thread_count(), threads_before);
+
+  // Under the smallest timed size, or a largest file under two probes: buffered, not timed.
+  auto small = io::measure_read_methods(files, probe, /*smallest_timed=*/64 << 20);
+  EXPECT_FALSE(small.direct);
+  EXPECT_EQ(small.buffered_rate, 0);
+  EXPECT_EQ(small.reason, "auto: buffered, not timed (under 64 MiB)");
+  auto short_file = io::measure_read_methods(files, 4 * probe, 1 << 20);
+  EXPECT_EQ(short_file.buffered_rate, 0);
+
+  // A file shorter than it claims (truncated since open): the short reads time nothing.
+  ASSERT_EQ(::truncate(large_path.c_str(), probe / 2), 0);
+  auto truncated = io::measure_read_methods(files, probe, 1 << 20);
+  EXPECT_FALSE(truncated.direct);
+  EXPECT_EQ(truncated.reason, "auto: buffered, neither read method could be timed");
+  ::close(small_fd);
+  ::close(large_fd);
 }
 
 TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {

@@ -1,0 +1,43 @@
+// How `auto` reads files that are not in the page cache: O_DIRECT and buffered reads timed on
+// the first bytes of the load, and the faster one kept (torch-free).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/read_backend.h"
+
+namespace instanttensor::io {
+
+// Bytes each method reads when timed (32 MiB: tens of milliseconds at 1-2 GB/s, enough for a
+// rate that a few hundred microseconds of jitter do not swing).
+constexpr uint64_t kProbeBytes = 32ull << 20;
+// Checkpoints smaller than this are read buffered without timing anything: the probe would be
+// a large share of the load, and the page cache keeps them for the next run.
+constexpr uint64_t kSmallestTimedCheckpoint = 8 * kProbeBytes;
+
+struct ReadMethodChoice {
+  bool direct = false;
+  double direct_rate = 0;    // bytes per second measured with O_DIRECT; 0: not measured
+  double buffered_rate = 0;  // bytes per second measured through the page cache; 0: not measured
+  std::string reason;        // for stats()["backend"]: what was measured and why this method
+};
+
+// The decision from measured rates: the faster method, O_DIRECT on a tie (it spares the page
+// cache). A rate of 0 means that method could not be measured (O_DIRECT refused, a read
+// failed): the other one is kept. `probe_bytes` is only reported. Pure; any thread.
+ReadMethodChoice decide_read_method(double direct_rate, double buffered_rate, uint64_t probe_bytes);
+
+// Times both methods on the largest file (so the load reads these bytes anyway): `probe_bytes`
+// (rounded down to 16 KiB) from its start with O_DIRECT, the next `probe_bytes` buffered, each
+// as 4 concurrent reads (the pread pool's depth), then decide_read_method. Checkpoints under
+// `smallest_timed` bytes, or whose largest file is under 2 * probe_bytes, are read buffered
+// unmeasured. Opens and closes its own O_DIRECT fd; threads it starts are joined before it
+// returns; never throws (a failure to measure leaves buffered reads, with the reason said).
+// Any thread; `files`' fds stay the caller's.
+ReadMethodChoice measure_read_methods(const std::vector<FileToRead>& files,
+                                      uint64_t probe_bytes = kProbeBytes,
+                                      uint64_t smallest_timed = kSmallestTimedCheckpoint);
+
+}  // namespace instanttensor::io
