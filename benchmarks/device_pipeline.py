@@ -385,7 +385,9 @@ def run(args) -> dict:
                          "bound_by": "copy engine" if copy_gbps < read_gbps else "reads",
                          "seconds": seconds, "gbps": total / seconds / 1e9,
                          "ratio_to_bound": total / seconds / 1e9 / bound,
-                         "samples_seconds": [s["seconds"] for s in runs]}
+                         "samples_seconds": [s["seconds"] for s in runs],
+                         # The read method each sample used (cold: timed, and why).
+                         "samples_backend": [s.get("stats", {}).get("backend") for s in runs]}
                 for field in ("engine_busy", "before_first_copy_s", "after_last_copy_s",
                               "host_waits_in_pass", "host_syncs_in_pass", "host_waits_at_end",
                               "host_syncs_at_end",

@@ -78,7 +78,7 @@ ReadMethodChoice decide_read_method(double direct_rate, double buffered_rate,
   } else if (buffered_rate <= 0) {
     choice.direct = true;
     choice.reason = "auto: O_DIRECT " + rate_text(direct_rate) + ", buffered could not be timed";
-  } else if (direct_rate >= buffered_rate) {
+  } else if (direct_rate >= kDirectMargin * buffered_rate) {
     choice.direct = true;
     choice.reason = "auto: O_DIRECT " + rate_text(direct_rate) + " against buffered " +
                     rate_text(buffered_rate) + over;

@@ -24,9 +24,16 @@ struct ReadMethodChoice {
   std::string reason;        // for stats()["backend"]: what was measured and why this method
 };
 
-// The decision from measured rates: the faster method, O_DIRECT on a tie (it spares the page
-// cache). A rate of 0 means that method could not be measured (O_DIRECT refused, a read
-// failed): the other one is kept. `probe_bytes` is only reported. Pure; any thread.
+// O_DIRECT must time this much faster to be kept: buffered reads share the page cache with the
+// other ranks of the host and the next load, and a short probe understates them (the kernel's
+// read-ahead grows over a long sequential read). On this project's VM the two timed within 10%
+// of each other on 32 MiB while buffered loads of 1 GB took 0.68-0.73 s against 0.81-0.97 s
+// with O_DIRECT (benchmarks/README.md); NVMe drives read O_DIRECT 1.5-3x faster than buffered.
+constexpr double kDirectMargin = 1.25;
+
+// The decision from measured rates: buffered unless O_DIRECT is kDirectMargin times faster. A
+// rate of 0 means that method could not be measured (O_DIRECT refused, a read failed): the
+// other one is kept. `probe_bytes` is only reported. Pure; any thread.
 ReadMethodChoice decide_read_method(double direct_rate, double buffered_rate, uint64_t probe_bytes);
 
 // Times both methods on the largest file (so the load reads these bytes anyway): `probe_bytes`
