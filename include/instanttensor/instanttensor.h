@@ -46,7 +46,9 @@ struct OpenOptions {
   std::optional<int64_t> io_depth;
   // Comma list, preferred first, any case: auto, pread, buffered, direct, uring, uring_buffered,
   // mmap, or upstream's AIO, AIO_BUFFERED, URING, URING_BUFFERED, MMAP, CUFILE, BUFFERED.
-  // Default: auto (O_DIRECT when under half of the files is cached, else buffered; never mmap).
+  // Default: auto (buffered when half of the files is cached or a host target iterates views of
+  // the page cache; else O_DIRECT if it times 1.25x faster on 32 MiB, untimed under 256 MiB;
+  // never mmap).
   std::optional<std::string> backend;
   // Distributed loading. Default: none. With a group of more than one rank that has a backend
   // for the target's device type (gloo for CPU targets, NCCL or gloo for accelerators),

@@ -88,7 +88,11 @@ void Loader::settle_read_method() {
   // the open 64 MiB of reads for random access and load_into alone.
   io_->choose_cold_read_method(/*time_them=*/!plan_.mode.host_views);
   plan_.io_alignment = io_->alignment();
-  plan_.ring_alignment = std::max<uint64_t>(kRingAlignment, plan_.io_alignment);
+  // Ranks in step plan their rings alike whatever each one's method (each times its own, and
+  // ranks of one host time through one page cache): read groups and refusals must match.
+  plan_.ring_alignment =
+      std::max<uint64_t>({kRingAlignment, plan_.io_alignment,
+                          plan_.mode.in_step ? plan::kMaxDirectAlignment : uint64_t{1}});
   // Exchanging ranks cut units alike whatever each one's O_DIRECT alignment: the chunk from
   // the requested size alone (the digest covers that).
   plan_.chunk_size =
@@ -203,8 +207,8 @@ void Loader::size_and_plan(std::vector<size_t> selected, int world) {
   in.staging_size = options_.staging_size;
   in.chunk_size = plan_.chunk_size;
   // Ranks in step widen alike, whatever each one's alignment (O_DIRECT or not, by its page
-  // cache): the exchange's units must match, and a buffer too small must be refused on every
-  // rank at once, not on a cold rank alone while the others wait in a round.
+  // cache and its timing): the exchange's units must match, and a buffer too small must be refused
+  // on every rank at once, not on a cold rank alone while the others wait in a round.
   in.read_widening =
       mode.in_step ? 2 * plan::kMaxDirectAlignment : (io_->direct() ? 2 * plan_.io_alignment : 0);
   in.ring_alignment = plan_.ring_alignment;

@@ -47,9 +47,9 @@ def test_a_cold_pipeline_reads_with_the_method_timed_faster(large_checkpoint):
             assert {chosen, other} == {"buffered", "O_DIRECT"}
             # O_DIRECT is kept only when a quarter faster: buffered reads share the page cache.
             if chosen == "O_DIRECT":
-                assert float(chosen_rate) >= 1.25 * float(other_rate) - 0.01, backend
+                assert float(chosen_rate) >= 1.25 * float(other_rate) - 0.02, backend
             else:
-                assert 1.25 * float(chosen_rate) > float(other_rate) - 0.01, backend
+                assert 1.25 * float(chosen_rate) > float(other_rate) - 0.02, backend
             assert read_by == ("pread+O_DIRECT" if chosen == "O_DIRECT" else "pread"), backend
         # Every byte comes through whichever method won: the pass and random access alike.
         assert all(torch.equal(t, tensors[n]) for n, t in f.tensors())

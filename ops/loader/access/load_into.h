@@ -37,16 +37,16 @@ MatchedDestinations match_destinations(const format::Checkpoint& checkpoint,
                                        const std::vector<at::Tensor>& tensors, bool strict);
 
 // Executes fills, one pass over the bytes into each CPU destination (non-contiguous ones: into
-// a temporary, then copied). Read direct (cold): a destination whose address agrees with the
-// file offset modulo the block gets O_DIRECT straight into its whole blocks (edges buffered),
-// any other goes through the host staging ring (O_DIRECT, then one copy). Otherwise: buffered
-// reads straight into the destination (mmap backend: copies from its mapping), spread over the
-// read workers. Accelerator destinations (or every one, with `force_staging`) stream through a
-// pinned staging ring of `staging_bytes` into the destination's bytes on the loader's stream:
-// the loader allocates no device memory. Returns when every destination holds its bytes (device
-// copies finished). A read failure or a file changed since open throws Error naming the file
-// and tensor; destinations filled before it keep their new bytes. Consumer thread; `reads` may
-// carry other tags meanwhile.
+// a temporary, then copied). Read direct (`direct`, or `auto` timing O_DIRECT faster): a
+// destination whose address agrees with the file offset modulo the block gets O_DIRECT straight
+// into its whole blocks (edges buffered), any other goes through the host staging ring (O_DIRECT,
+// then one copy). Otherwise: buffered reads straight into the destination (mmap backend: copies
+// from its mapping), spread over the read workers. Accelerator destinations (or every one, with
+// `force_staging`) stream through a pinned staging ring of `staging_bytes` into the destination's
+// bytes on the loader's stream: the loader allocates no device memory. Returns when every
+// destination holds its bytes (device copies finished). A read failure or a file changed since open
+// throws Error naming the file and tensor; destinations filled before it keep their new bytes.
+// Consumer thread; `reads` may carry other tags meanwhile.
 void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint& checkpoint,
                        io::IoSetup& io, ReadScheduler& reads, uint64_t chunk_size,
                        uint64_t staging_bytes, bool force_staging, Stats& stats);
