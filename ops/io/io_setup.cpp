@@ -68,6 +68,7 @@ void IoSetup::read_direct() {
 void IoSetup::describe() {
   description_ = mapping_ ? "mmap" : std::string(uring_ ? "io_uring" : "pread");
   if (direct()) description_ += "+O_DIRECT";
+  if (!uring_fallback_.empty()) description_ += " (io_uring fallback: " + uring_fallback_ + ")";
   if (direct_refused_ > 0) {
     description_ += " (" + std::to_string(direct_refused_) + " file(s) buffered: O_DIRECT refused)";
   }
@@ -111,8 +112,10 @@ std::unique_ptr<ReadBackend> IoSetup::start_backend(int threads, int depth) {
       return make_uring_backend(static_cast<unsigned>(depth));
     } catch (const Error& e) {
       // Blocked in many containers (seccomp EPERM, ENOSYS): the pread pool does the same job.
-      description_ = std::string("pread") + (direct() ? "+O_DIRECT" : "") +
-                     " (io_uring fallback: " + e.what() + ")";
+      // Described afresh, so the refusals and skipped backends said before stay said.
+      uring_ = false;
+      uring_fallback_ = e.what();
+      describe();
     }
   }
   if (threads == 0) return make_inline_reader(pread_request);

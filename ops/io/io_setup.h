@@ -82,7 +82,8 @@ class IoSetup {
   bool mostly_resident_ = false;
   bool cold_method_undecided_ = false;
   int direct_refused_ = 0;
-  std::string skipped_;  // backends of the chain that could not be used, and why
+  std::string skipped_;         // backends of the chain that could not be used, and why
+  std::string uring_fallback_;  // why io_uring could not start (the pread pool reads instead)
   std::string description_;
   std::string note_;
 };

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "io/direct_io.h"
@@ -27,6 +28,24 @@ std::string rate_text(double bytes_per_second) {
 }
 
 std::string mib_text(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+#ifdef INSTANTTENSOR_TESTING_HOOKS
+// Test-only, in a library built with INSTANTTENSOR_TESTING_HOOKS:
+// INSTANTTENSOR_TESTING_READ_RATES=<O_DIRECT GB/s>,<buffered GB/s> (read at each timing)
+// replaces the rates just measured, both methods still read, so a test on a disk where buffered
+// reads win can have O_DIRECT win and check the load that follows. The reason says so.
+std::optional<ReadMethodChoice> testing_choice(uint64_t probe_bytes) {
+  const char* testing = std::getenv("INSTANTTENSOR_TESTING_READ_RATES");
+  double direct = 0;
+  double buffered = 0;
+  if (!testing || std::sscanf(testing, "%lf,%lf", &direct, &buffered) != 2) return std::nullopt;
+  auto choice = decide_read_method(direct * 1e9, buffered * 1e9, probe_bytes);
+  choice.reason += ", rates set by INSTANTTENSOR_TESTING_READ_RATES";
+  return choice;
+}
+#else
+std::optional<ReadMethodChoice> testing_choice(uint64_t) { return std::nullopt; }
+#endif
 
 // Reads [offset, offset + length) of `fd` into `into` as kProbeReads concurrent preads; the
 // rate in bytes per second, or 0 when a read failed or came short (a truncated file, EIO).
@@ -129,6 +148,7 @@ ReadMethodChoice measure_read_methods(const std::vector<FileToRead>& files, uint
   // Buffered on the next bytes: timing the same bytes again would let the storage's own cache
   // flatter the second method.
   double buffered_rate = timed_read(largest->buffered_fd, probe_bytes, probe_bytes, buffer.get());
+  if (auto testing = testing_choice(probe_bytes)) return *testing;
   return decide_read_method(direct_rate, buffered_rate, probe_bytes);
 }
 

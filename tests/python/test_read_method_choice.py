@@ -93,3 +93,46 @@ def test_a_named_method_is_never_timed(large_checkpoint):
     cold([path])
     with instanttensor.safe_open(path, backend="pread", _force_staging=True) as f:
         assert f.stats()["backend"] == "pread"
+
+
+@pytest.fixture(scope="module")
+def uneven_checkpoint(tmp_path_factory) -> tuple[str, dict[str, torch.Tensor]]:
+    """Over 256 MiB, with tensors of odd sizes at offsets O_DIRECT cannot read straight into."""
+    path = str(tmp_path_factory.mktemp("uneven") / "model.safetensors")
+    tensors = {"big": torch.arange(66 << 20, dtype=torch.int32),
+               "odd": torch.arange(1001, dtype=torch.uint8),
+               "half": torch.linspace(-1, 1, 3333, dtype=torch.float16),
+               "tail": torch.arange(3 << 20, dtype=torch.int64).flip(0)}
+    reference_save(tensors, path)
+    return path, tensors
+
+
+@pytest.mark.parametrize("rates, method", [("3,1", "O_DIRECT"), ("1.1,1", "buffered")])
+def test_the_method_the_rates_choose_reads_every_byte(uneven_checkpoint, monkeypatch, rates,
+                                                      method):
+    """The rates replaced (a testing build's switch), so O_DIRECT wins on a disk where buffered
+    reads time faster: the alignments and the chunk are settled after the choice, and every way
+    of reading (the staged pipeline owned and borrowed, random access, load_into) is right."""
+    path, tensors = uneven_checkpoint
+    monkeypatch.setenv("INSTANTTENSOR_TESTING_READ_RATES", rates)
+    direct, buffered = (float(r) for r in rates.split(","))
+    expected = f"auto: {method} {direct if method == 'O_DIRECT' else buffered:.2f} GB/s against "
+    for copy in (True, False):
+        cold([path])
+        with instanttensor.safe_open(path, copy=copy, _force_staging=True) as f:
+            backend = f.stats()["backend"]
+            assert backend.startswith("pread+O_DIRECT (" if method == "O_DIRECT" else "pread ("), \
+                backend
+            assert expected in backend and "rates set by INSTANTTENSOR_TESTING_READ_RATES" in \
+                backend, backend
+            for name, t in f.tensors():
+                assert torch.equal(t, tensors[name]), name
+    cold([path])
+    with instanttensor.safe_open(path, _force_staging=True) as f:
+        assert method in f.stats()["backend"]
+        assert torch.equal(f.get_tensor("odd"), tensors["odd"])
+        assert torch.equal(f.get_slice("half")[5:3001], tensors["half"][5:3001])
+        destination = {n: torch.empty_like(t) for n, t in tensors.items()}
+        destination["odd"] = torch.empty(1002, dtype=torch.uint8)[1:]  # an odd address
+        f.load_into(destination)
+        assert all(torch.equal(destination[n], tensors[n]) for n in tensors)
