@@ -1,9 +1,12 @@
 // Plan, io and pool layers on their own (torch-free).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/userfaultfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -17,6 +20,7 @@
 #include "io/page_cache_read_ahead.h"
 #include "io/read_backend.h"
 #include "io/read_method_probe.h"
+#include "io/untouched_pages.h"
 #include "plan/read_plan.h"
 #include "pool/ring_allocator.h"
 
@@ -244,6 +248,79 @@ TEST(ReadMethodProbe, TimesBothMethodsOnTheLargestFileOnlyWhenTheCheckpointIsLar
   EXPECT_EQ(truncated.reason, "auto: buffered, neither read method could be timed");
   ::close(small_fd);
   ::close(large_fd);
+}
+
+// Whether this process may open a userfaultfd for user-mode faults (seccomp may refuse it).
+bool userfaultfd_permitted() {
+  int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY));
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+std::string pattern_bytes(size_t size) {
+  std::string bytes(size, '\0');
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>((i * 131 + i / 4099) & 0xff);
+  return bytes;
+}
+
+TEST(UntouchedPages, ReadsEveryByteWithWholePagesPlacedByUserfaultfd) {
+  TempDir dir;
+  // Over two 4 MiB rounds of the bounce buffer, from an offset and to a length off any page.
+  const std::string bytes = pattern_bytes((9 << 20) + 777);
+  testing::write_bytes(dir.file("f.bin"), bytes);
+  int fd = ::open(dir.file("f.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const uint64_t offset = 123;
+  const uint64_t nbytes = bytes.size() - offset - 5;
+  const int fds_before = testing::open_fd_count();
+  auto memory = io::map_untouched_pages(nbytes);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(memory.get()) % io::page_size(), 0u);
+  auto read = io::read_into_untouched_pages(fd, offset, memory.get(), nbytes);
+  EXPECT_EQ(read.bytes, nbytes);
+  EXPECT_EQ(read.error, 0);
+  EXPECT_EQ(std::memcmp(memory.get(), bytes.data() + offset, nbytes), 0);
+  if (userfaultfd_permitted()) {
+    EXPECT_EQ(read.userfaultfd_error, 0);
+    EXPECT_EQ(read.copied_pages, nbytes / io::page_size() * io::page_size());
+  } else {
+    EXPECT_NE(read.userfaultfd_error, 0);  // refused here: ordinary preads read it all
+    EXPECT_EQ(read.copied_pages, 0u);
+  }
+  EXPECT_EQ(testing::open_fd_count(), fds_before);  // the userfaultfd closed
+  // The memory is ordinary afterwards: writable, and a second read into other fresh pages too.
+  memory.get()[nbytes - 1] = 'x';
+  auto again = io::map_untouched_pages(4 << 20);
+  EXPECT_EQ(io::read_into_untouched_pages(fd, 0, again.get(), 4 << 20).bytes, 4u << 20);
+  EXPECT_EQ(std::memcmp(again.get(), bytes.data(), 4 << 20), 0);
+  ::close(fd);
+}
+
+TEST(UntouchedPages, StopsAtTheEndOfTheFileAndSaysAFailedRead) {
+  TempDir dir;
+  const std::string bytes = pattern_bytes((5 << 20) + 100);
+  testing::write_bytes(dir.file("f.bin"), bytes);
+  int fd = ::open(dir.file("f.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  // Asked for more than the file holds (it shrank since open): the bytes there, no error.
+  auto memory = io::map_untouched_pages(8 << 20);
+  auto shorter = io::read_into_untouched_pages(fd, 4096, memory.get(), 8 << 20);
+  EXPECT_EQ(shorter.bytes, bytes.size() - 4096);
+  EXPECT_EQ(shorter.error, 0);
+  EXPECT_EQ(std::memcmp(memory.get(), bytes.data() + 4096, shorter.bytes), 0);
+  // Under a page: nothing for userfaultfd, an ordinary pread.
+  auto small = io::map_untouched_pages(100);
+  auto tiny = io::read_into_untouched_pages(fd, 7, small.get(), 100);
+  EXPECT_EQ(tiny.bytes, 100u);
+  EXPECT_EQ(tiny.copied_pages, 0u);
+  EXPECT_EQ(std::memcmp(small.get(), bytes.data() + 7, 100), 0);
+  ::close(fd);
+  // A read that fails: its errno, nothing read (-1: a closed fd's number would be the
+  // userfaultfd's own).
+  auto failed = io::map_untouched_pages(1 << 20);
+  auto bad = io::read_into_untouched_pages(-1, 0, failed.get(), 1 << 20);
+  EXPECT_EQ(bad.bytes, 0u);
+  EXPECT_EQ(bad.error, EBADF);
 }
 
 TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {

@@ -1,7 +1,6 @@
 #include "loader/pass/page_cache_views.h"
 
 #include <ATen/Parallel.h>
-#include <c10/core/CPUAllocator.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,8 +8,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "io/direct_io.h"
+#include "io/untouched_pages.h"
 #include "loader/reads/timing.h"
 #include "loader/transfer/storage_views.h"
 
@@ -23,6 +26,35 @@ constexpr int64_t kCopyGrain = 4 << 20;
 // as a view: the loop that asks for it still binds it at close, which would copy it then, on the
 // consumer's time (the 262 MB lm_head of a 1 GB model: 0.12-0.4 s of a 0.2 s warm load).
 constexpr uint64_t kOwnedTailBytes = 1ull << 20;
+
+// Copies `nbytes` of `from` (a view of the mapping, as the consumer may have written it) into
+// `to`, memory from io::map_untouched_pages: whole pages placed by userfaultfd on torch's
+// threads, whatever it could not place (refused, a source page past a truncation) and the
+// partial last page by memcpy once the pages are ordinary memory again.
+void copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
+  const uint64_t page = io::page_size();
+  io::UntouchedPagePlacer placer(to, nbytes);
+  std::mutex mutex;
+  std::vector<std::pair<uint64_t, uint64_t>> not_placed;  // [begin, end) byte ranges
+  const auto pages = static_cast<int64_t>(placer.registered_bytes() / page);
+  at::parallel_for(0, pages, static_cast<int64_t>(kCopyGrain / page),
+                   [&](int64_t first, int64_t last) {
+                     const uint64_t begin = static_cast<uint64_t>(first) * page;
+                     const uint64_t end = static_cast<uint64_t>(last) * page;
+                     const uint64_t placed = placer.place(begin, from + begin, end - begin);
+                     if (placed < end - begin) {
+                       std::lock_guard<std::mutex> lock(mutex);
+                       not_placed.emplace_back(begin + placed, end);
+                     }
+                   });
+  placer.close();
+  not_placed.emplace_back(static_cast<uint64_t>(pages) * page, nbytes);
+  for (auto [begin, end] : not_placed) {
+    at::parallel_for(
+        static_cast<int64_t>(begin), static_cast<int64_t>(end), kCopyGrain,
+        [&](int64_t b, int64_t e) { std::memcpy(to + b, from + b, static_cast<size_t>(e - b)); });
+  }
+}
 
 }  // namespace
 
@@ -168,24 +200,22 @@ bool PageCacheViews::make_owned(const Held& held, std::optional<Error>& changed)
   uint64_t size_now = ::fstat(file.fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
   uint64_t available = size_now > t.file_offset ? std::min(nbytes, size_now - t.file_offset) : 0;
   try {
-    // torch's own allocator and a parallel copy: huge-page blocks (pool::allocate_host) measured
-    // 0.42 s for a 262 MB tensor against 0.24 s, and one thread against two, 0.24 s to 0.12 s.
-    c10::DataPtr fresh = c10::GetCPUAllocator()->allocate(nbytes);
-    auto* to = static_cast<uint8_t*>(fresh.get());
+    // Fresh pages filled as they are allocated (io/untouched_pages.h), two threads at once: a
+    // memcpy into fresh memory pays a zeroed page per 4 KiB first (262 MB: 0.24 s on one
+    // thread, 0.12 s on two, in torch's own allocator).
+    std::shared_ptr<uint8_t> memory = io::map_untouched_pages(nbytes);
+    uint8_t* to = memory.get();
     const auto* from = static_cast<const uint8_t*>(storage.data());
-    at::parallel_for(0, static_cast<int64_t>(available), kCopyGrain,
-                     [&](int64_t begin, int64_t end) {
-                       std::memcpy(to + begin, from + begin, static_cast<size_t>(end - begin));
-                     });
+    copy_into_untouched(to, from, available);
     std::memset(to + available, 0, nbytes - available);
     // A pointer exported before (numpy, DLPack, data_ptr) still points into the mapping: it
     // stays mapped while the tensor lives, as the borrow ring keeps its block for such pointers.
     struct FreshKeepingTheMapping {
-      c10::DataPtr fresh;
+      std::shared_ptr<uint8_t> fresh;
       std::shared_ptr<const io::MappedFiles> mapping;
     };
     auto both = std::make_shared<FreshKeepingTheMapping>(
-        FreshKeepingTheMapping{std::move(fresh), mapping_});
+        FreshKeepingTheMapping{std::move(memory), mapping_});
     storage.set_data_ptr_noswap(data_kept_by(to, std::move(both)));
     stats_.materializations += 1;
     owned = true;
@@ -224,19 +254,16 @@ void PageCacheViews::start_tail_read() noexcept {
   tail_.started = true;
   const auto& t = plan_.tensor_of_item(tail_.item);
   try {
-    tail_.data = c10::GetCPUAllocator()->allocate(t.nbytes);
+    // Fresh pages filled as they are allocated, not zeroed first and then read into: the
+    // kernel's page zeroing was most of this read's time (benchmarks/README.md).
+    std::shared_ptr<uint8_t> memory = io::map_untouched_pages(t.nbytes);
+    uint8_t* to = memory.get();
+    tail_.data = data_kept_by(to, std::shared_ptr<const void>(std::move(memory)));
     const int fd = plan_.checkpoint->files()[t.file_index].fd;
-    auto* to = static_cast<uint8_t*>(tail_.data.get());
-    // A buffered pread, never the mapping: a file truncated meanwhile is a short read here.
+    // Buffered preads, never the mapping: a file truncated meanwhile is a short read here.
     tail_.reader = std::thread([this, fd, to, offset = t.file_offset, nbytes = t.nbytes] {
-      uint64_t done = 0;
-      while (done < nbytes) {
-        ssize_t got = ::pread(fd, to + done, nbytes - done, static_cast<off_t>(offset + done));
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return;
-        done += static_cast<uint64_t>(got);
-      }
-      tail_.complete = true;
+      auto read = io::read_into_untouched_pages(fd, offset, to, nbytes);
+      tail_.complete = read.bytes == nbytes;
     });
   } catch (...) {
     tail_.data.clear();  // no memory or no thread: the view serves
