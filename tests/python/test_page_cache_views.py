@@ -5,7 +5,6 @@ changes whatever happens to the file, and a consumer that copies and drops pays 
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import threading
@@ -48,13 +47,14 @@ def _resident_kb_of_mappings_of(path: str) -> int:
     """Resident pages of this process's mappings of one file, from /proc/self/smaps: the
     process-wide RssFile also counts other files' pages touched meanwhile (CI once saw it 51 MiB up
     where this file's mapping holds 28)."""
+    target = os.path.realpath(path)  # smaps names a mapping by its resolved path
     total = 0
     in_file = False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             fields = line.split()
-            if fields and not fields[0].endswith(":"):  # a mapping's first line: range ... path
-                in_file = len(fields) >= 6 and " ".join(fields[5:]) == os.path.realpath(path)
+            if not fields[0].endswith(":"):  # a mapping's first line: range perms ... path
+                in_file = " ".join(fields[5:]) == target
             elif in_file and fields[0] == "Rss:":
                 total += int(fields[1])
     return total
@@ -186,7 +186,6 @@ def test_a_checkpoint_larger_than_the_read_ahead_window_keeps_resident_memory_bo
     with open(path, "rb") as file:  # warm: population is quick, so only unmapping bounds it
         while file.read(64 << 20):
             pass
-    gc.collect()
     peak = 0
     with instanttensor.safe_open(path, copy=copy, buffer_size=16 << 20, concurrency=2) as f:
         for name, tensor in f.tensors():
