@@ -103,6 +103,7 @@ struct Stats {
   uint64_t tensors_loaded = 0;     // tensors handed out (iteration and get_tensor)
   uint64_t materializations = 0;   // borrowed tensors copied out before their memory was reused
   uint64_t misaligned_copies = 0;  // borrowed tensors handed out as copies (unaligned data)
+  uint64_t leased_views = 0;       // views kept past their step under a read lease, not copied
   uint64_t buffer_size = 0;        // pool bytes (copy=false) or read-ahead budget (copy=true)
   uint64_t peak_pool_bytes = 0;    // highest pool bytes in use at once
   uint64_t recycled_blocks = 0;    // owned tensors read into memory a dropped one gave back

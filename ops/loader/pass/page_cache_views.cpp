@@ -69,9 +69,15 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
                                TensorFactory& factory, Stats& stats, uint64_t window, int threads)
     : plan_(plan), factory_(factory), stats_(stats), mapping_(std::move(mapping)), window_(window) {
+  for (const auto& file : plan_.checkpoint->files()) {
+    leases_.push_back(io::FileLease::take(file.fd));
+  }
   for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
-    const uint64_t nbytes = plan_.tensor_of_item(item).nbytes;
-    if (nbytes > 0) tail_.item = nbytes >= kOwnedTailBytes ? item : SIZE_MAX;
+    const auto& t = plan_.tensor_of_item(item);
+    // Under a lease the last view stays a view past the pass, like any kept one: no tail read.
+    if (t.nbytes > 0) {
+      tail_.item = t.nbytes >= kOwnedTailBytes && !leases_[t.file_index] ? item : SIZE_MAX;
+    }
   }
   std::vector<io::MappedSpan> spans;
   uint64_t position = 0;
@@ -169,6 +175,7 @@ std::optional<Error> PageCacheViews::release_held(bool keep_last) noexcept {
     held_.pop_front();
     // Our reference is the only one left: the consumer dropped every view of it.
     if (held.storage.use_count() == 1) continue;
+    if (keep_under_lease(held)) continue;
     std::optional<Error> error;
     const bool owned = make_owned(held, error);
     if (error && !changed) changed = std::move(error);
@@ -179,6 +186,34 @@ std::optional<Error> PageCacheViews::release_held(bool keep_last) noexcept {
     }
   }
   return changed;
+}
+
+bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
+  const auto& t = plan_.tensor_of_item(held.item);
+  const auto& lease = leases_[t.file_index];
+  if (!lease) return false;
+  try {
+    plan_.checkpoint->check_unchanged(t.file_index, t.name());
+    c10::StorageImpl& storage = *held.storage;
+    auto* data = static_cast<uint8_t*>(storage.mutable_data());
+    uint8_t* start = mapping_->data(t.file_index);
+    auto protection =
+        lease->protect(start, static_cast<uint64_t>(data - start), storage.nbytes());
+    if (!protection) return false;
+    leased_.push_back(Leased{t.file_index, protection});
+    // The view's storage keeps the mapping and now its protection: the lease holds while any
+    // view of it lives, after close too.
+    struct MappingUnderLease {
+      std::shared_ptr<const io::MappedFiles> mapping;
+      std::shared_ptr<io::ViewProtection> protection;
+    };
+    auto both = std::make_shared<MappingUnderLease>(MappingUnderLease{mapping_, std::move(protection)});
+    storage.set_data_ptr_noswap(data_kept_by(data, std::move(both)));
+    stats_.leased_views += 1;
+    return true;
+  } catch (...) {
+    return false;  // changed since open, or no memory: make_owned says which
+  }
 }
 
 bool PageCacheViews::make_owned(const Held& held, std::optional<Error>& changed) noexcept {
@@ -240,14 +275,35 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
   auto drop = [&](size_t file, uint64_t end) {
     uint64_t& begin = dropped_up_to_[file];
     if (end <= begin) return;
-    // Nothing else views these pages: a later touch would map the file's bytes again.
-    ::madvise(mapping_->data(file) + begin, end - begin, MADV_DONTNEED);
+    unmap_unleased(file, begin, end);
     begin = end;
   };
   for (size_t file = 0; file < std::min(up_to_file, dropped_up_to_.size()); ++file) {
     drop(file, mapping_->size(file));
   }
   if (up_to_file < dropped_up_to_.size()) drop(up_to_file, up_to_offset);
+}
+
+void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept {
+  std::vector<std::pair<uint64_t, uint64_t>> kept;
+  leased_.erase(std::remove_if(leased_.begin(), leased_.end(),
+                               [](const Leased& l) { return l.protection.expired(); }),
+                leased_.end());
+  for (const auto& leased : leased_) {
+    auto protection = leased.protection.lock();
+    if (leased.file == file && protection) kept.emplace_back(protection->begin(), protection->end());
+  }
+  std::sort(kept.begin(), kept.end());
+  // Nothing else views the other pages: a later touch would map the file's bytes again. A
+  // leased view's pages stay: dropping them would lose an in-place write, or its private copy.
+  auto unmap = [&](uint64_t from, uint64_t to) {
+    if (to > from) ::madvise(mapping_->data(file) + from, to - from, MADV_DONTNEED);
+  };
+  for (auto [kept_begin, kept_end] : kept) {
+    unmap(begin, std::min(kept_begin, end));
+    begin = std::max(begin, kept_end);
+  }
+  unmap(begin, end);
 }
 
 void PageCacheViews::start_tail_read() noexcept {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "instanttensor/instanttensor.h"
+#include "io/file_lease.h"
 #include "io/mapped_files.h"
 #include "io/page_cache_read_ahead.h"
 #include "loader/access/tensor_factory.h"
@@ -30,14 +31,17 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // a private mapping of its file, through a storage of its own of which this part keeps one
 // reference; read-ahead workers populate the mapping up to `window` bytes ahead of the consumer.
 // When the consumer asks for the next tensor, every view handed out before the one it asked for
-// last (which a `for` loop still binds) is checked: one still held elsewhere is copied into owned
-// memory and its storage repointed (set_data_ptr_noswap, as the borrow ring does), so views of
-// it follow and it never changes again; one dropped costs nothing. So a consumer that copies and
-// drops pays one copy, its own. The last tensor of the pass (1 MiB or more) is the exception: a
-// worker reads it into owned memory beside the consumer (buffered pread), since the loop that
-// asks for it still binds it when the handle closes, which would copy it on the consumer's time.
-// Pages behind every view still checked are unmapped (MADV_DONTNEED), so resident memory stays
-// within the window plus the views held.
+// last (which a `for` loop still binds) is checked: one dropped costs nothing; one still held
+// elsewhere stays a view under a read lease on its file (io/file_lease.h: a writer's open or a
+// truncation waits until its pages are replaced by private copies at the same addresses), or,
+// where the kernel refuses the lease, is copied into owned memory and its storage repointed
+// (set_data_ptr_noswap, as the borrow ring does). Either way it never changes again, and a
+// consumer that copies and drops pays one copy, its own. Without a lease the last tensor of the
+// pass (1 MiB or more) is read into owned memory by a worker beside the consumer (buffered
+// pread), since the loop that asks for it still binds it when the handle closes, which would
+// copy it on the consumer's time. Pages behind every view still checked are unmapped
+// (MADV_DONTNEED), those of leased views excepted, so resident memory stays within the window
+// plus the views held.
 //
 // Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
 class PageCacheViews {
@@ -88,9 +92,14 @@ class PageCacheViews {
   // Checks every held view (but the one handed out last, with `keep_last`); returns the first
   // change of a file met.
   std::optional<Error> release_held(bool keep_last) noexcept;
+  // Keeps a held view as it is under its file's lease; false when there is no lease (refused,
+  // or a writer came) or its file changed since open: the caller copies it then.
+  bool keep_under_lease(const Held& held) noexcept;
   // Copies a held view into owned memory; false when there was no memory for it (it stays a
   // view). `changed`: set when its file changed since open.
   bool make_owned(const Held& held, std::optional<Error>& changed) noexcept;
+  // madvise(MADV_DONTNEED) over [begin, end) of `file`'s mapping, leased views' pages excepted.
+  void unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept;
   // Unmaps the pages before the oldest view still held (or `next_item`'s first byte).
   void drop_pages_behind(size_t next_item) noexcept;
   // Starts reading the last tensor (allocation failure: it stays a view).
@@ -106,6 +115,12 @@ class PageCacheViews {
   std::unique_ptr<io::PageCacheReadAhead> read_ahead_;
   std::vector<uint64_t> position_of_item_;  // bytes of the items before it, in pass order
   std::deque<Held> held_;
+  std::vector<std::shared_ptr<io::FileLease>> leases_;  // per file; nullptr: refused
+  struct Leased {
+    size_t file;
+    std::weak_ptr<io::ViewProtection> protection;  // lives as long as the view's storage
+  };
+  std::vector<Leased> leased_;
   std::vector<uint64_t> dropped_up_to_;  // per file: pages before this offset are unmapped
   uint64_t window_;
   size_t last_handed_out_ = SIZE_MAX;
