@@ -137,6 +137,13 @@ class Loader;  // the engine behind SafeOpen (ops/loader/loader.h)
 // fresh memory and its storage repointed (stats().materializations), so a kept tensor never
 // changes; a pointer exported earlier (data_ptr, DLPack, numpy) then refers to the old region.
 // get_tensor() always returns an owned tensor.
+//
+// Host iteration (copy=true and copy=false without a named backend): tensors are views of a
+// private mapping of the file. One still referenced when the pass moves on stays a view under a
+// read lease on the file (stats().leased_views): a writer's open or truncation waits until its
+// pages are private copies at the same address, so it never changes and never raises SIGBUS; a
+// forked child copies them at the fork. Where the kernel refuses the lease it is copied out
+// instead (stats().materializations).
 class SafeOpen {
  public:
   // Opens and validates every file. Throws Error (NotFound, Permission, Io, Format, Argument,

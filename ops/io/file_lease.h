@@ -42,8 +42,7 @@ class FileLease : public std::enable_shared_from_this<FileLease> {
   // by private copies before the writer may go on. nullptr when the lease is no longer held (a
   // writer came already): the caller copies the view instead. Dropping the protection gives the
   // file's own pages back to the mapping where they had been replaced.
-  std::shared_ptr<ViewProtection> protect(uint8_t* mapping_start, uint64_t offset,
-                                          uint64_t nbytes);
+  std::shared_ptr<ViewProtection> protect(uint8_t* mapping_start, uint64_t offset, uint64_t nbytes);
 
   // In a forked child: the watcher thread and the lease are the parent's, so every live
   // protection of this process is replaced by private copies now (what the parent would do on a
@@ -57,8 +56,8 @@ class FileLease : public std::enable_shared_from_this<FileLease> {
   // Under the registry's lock: every protection replaced by private copies, the lease released.
   void break_now() noexcept;
 
-  int fd_;        // ours, a dup of the caller's: the lease lives on its open file description
-  pid_t taker_;   // a forked child never releases the parent's lease
+  int fd_;       // ours, a dup of the caller's: the lease lives on its open file description
+  pid_t taker_;  // a forked child never releases the parent's lease
   bool held_ = true;
   std::vector<ViewProtection*> protections_;
 };

@@ -2,8 +2,11 @@
 // Loader composes them at open, so each one's contract is tested on its own (placement and
 // read-ahead, hand-out, a read failure mid-pass, views made owned, the mapped pass), and the
 // walks of ranks over a fake group of threads (helper_thread_group.h).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <functional>
 #include <thread>
 
@@ -195,20 +198,25 @@ TEST(ReadPass, AReadFailureMidPassFailsThePassNamingTheTensorUntilRestarted) {
   EXPECT_FALSE(walk.next());
 }
 
+// A view kept past its step, where the kernel refuses a lease on its file (played here by the
+// testing switch): copied into owned memory; one dropped costs nothing.
 TEST(ViewPass, AViewKeptPastItsStepIsMadeOwnedAndOneDroppedCostsNothing) {
   TempDir dir;
+  ::setenv("INSTANTTENSOR_TESTING_NO_LEASE", "1", 1);
   plan::LoadModeInputs in = host_reads(true);
   in.page_cache_views = true;
   auto parts = compose(write_checkpoint(dir), in, "pread", 32 << 10, 0);
   ASSERT_TRUE(parts->plan.mode.host_views);
   ViewPass pass(parts->plan, map_for_views(*parts->plan.checkpoint), parts->memory->factory(),
                 parts->stats, parts->plan.memory.buffer_size, 0);
+  ::unsetenv("INSTANTTENSOR_TESTING_NO_LEASE");
   AloneWalk walk(pass);
   at::Tensor kept = walk.next()->second;  // t0, kept
   const void* view = kept.data_ptr();
   EXPECT_TRUE(holds_tensor(walk.next()->second, 1));  // t1, dropped at once
   EXPECT_TRUE(holds_tensor(walk.next()->second, 2));  // t0 checked here: still held
   EXPECT_EQ(parts->stats.materializations, 1u);
+  EXPECT_EQ(parts->stats.leased_views, 0u);
   EXPECT_NE(kept.data_ptr(), view);  // repointed into owned memory
   EXPECT_TRUE(holds_tensor(kept, 0));
   while (walk.next()) {
@@ -217,6 +225,41 @@ TEST(ViewPass, AViewKeptPastItsStepIsMadeOwnedAndOneDroppedCostsNothing) {
   EXPECT_EQ(parts->stats.read_requests, 0u);  // nothing went through the read backend
   pass.release_memory();
   EXPECT_TRUE(holds_tensor(kept, 0));
+}
+
+// Under a lease the kept view stays where it is, copied by nobody, until a writer opens the
+// file: then its pages become private copies at the same address before the writer goes on.
+TEST(ViewPass, AViewKeptPastItsStepStaysAViewUnderALeaseUntilAWriterComes) {
+  TempDir dir;
+  plan::LoadModeInputs in = host_reads(true);
+  in.page_cache_views = true;
+  auto parts = compose(write_checkpoint(dir), in, "pread", 32 << 10, 0);
+  ASSERT_TRUE(parts->plan.mode.host_views);
+  const std::string path = parts->plan.checkpoint->files().front().path;
+  ViewPass pass(parts->plan, map_for_views(*parts->plan.checkpoint), parts->memory->factory(),
+                parts->stats, parts->plan.memory.buffer_size, 0);
+  AloneWalk walk(pass);
+  at::Tensor kept = walk.next()->second;  // t0, kept
+  const void* view = kept.data_ptr();
+  EXPECT_TRUE(holds_tensor(walk.next()->second, 1));
+  EXPECT_TRUE(holds_tensor(walk.next()->second, 2));  // t0 checked here: leased
+  EXPECT_EQ(parts->stats.leased_views, 1u);
+  EXPECT_EQ(parts->stats.materializations, 0u);
+  EXPECT_EQ(kept.data_ptr(), view);
+  while (walk.next()) {
+  }
+  pass.release_memory();
+  // The writer's open waits for the copies; then every byte of the file is overwritten.
+  const int writer = ::open(path.c_str(), O_WRONLY);
+  ASSERT_GE(writer, 0);
+  const std::string junk(4096, '\x5a');
+  for (off_t at = 0; at < 1 << 20; at += 4096) {
+    ASSERT_EQ(::pwrite(writer, junk.data(), junk.size(), at), 4096);
+  }
+  ASSERT_EQ(::ftruncate(writer, 0), 0);
+  ::close(writer);
+  EXPECT_EQ(kept.data_ptr(), view);
+  EXPECT_TRUE(holds_tensor(kept, 0));  // no SIGBUS, no new bytes
 }
 
 TEST(MappedPass, HandsOutViewsOfTheMappingReadingNothing) {

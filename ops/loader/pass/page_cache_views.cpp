@@ -197,8 +197,7 @@ bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
     c10::StorageImpl& storage = *held.storage;
     auto* data = static_cast<uint8_t*>(storage.mutable_data());
     uint8_t* start = mapping_->data(t.file_index);
-    auto protection =
-        lease->protect(start, static_cast<uint64_t>(data - start), storage.nbytes());
+    auto protection = lease->protect(start, static_cast<uint64_t>(data - start), storage.nbytes());
     if (!protection) return false;
     leased_.push_back(Leased{t.file_index, protection});
     // The view's storage keeps the mapping and now its protection: the lease holds while any
@@ -207,7 +206,8 @@ bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
       std::shared_ptr<const io::MappedFiles> mapping;
       std::shared_ptr<io::ViewProtection> protection;
     };
-    auto both = std::make_shared<MappingUnderLease>(MappingUnderLease{mapping_, std::move(protection)});
+    auto both =
+        std::make_shared<MappingUnderLease>(MappingUnderLease{mapping_, std::move(protection)});
     storage.set_data_ptr_noswap(data_kept_by(data, std::move(both)));
     stats_.leased_views += 1;
     return true;
@@ -291,7 +291,8 @@ void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end) n
                 leased_.end());
   for (const auto& leased : leased_) {
     auto protection = leased.protection.lock();
-    if (leased.file == file && protection) kept.emplace_back(protection->begin(), protection->end());
+    if (leased.file == file && protection)
+      kept.emplace_back(protection->begin(), protection->end());
   }
   std::sort(kept.begin(), kept.end());
   // Nothing else views the other pages: a later touch would map the file's bytes again. A
