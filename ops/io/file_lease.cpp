@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -20,8 +21,8 @@
 
 namespace instanttensor::io {
 
-// Every lease of this process, by the descriptor the watcher is told about. Leaked on purpose:
-// the watcher thread and fork handlers use it until the process ends.
+// Every lease of this process. Leaked on purpose: the watcher thread and the fork handlers use
+// it until the process ends.
 struct LeaseRegistry {
   std::mutex mutex;
   std::vector<FileLease*> leases;
@@ -34,17 +35,22 @@ struct LeaseRegistry {
     return *registry;
   }
 
-  FileLease* find(int fd) {
-    for (FileLease* lease : leases) {
-      if (lease->fd_ == fd) return lease;
-    }
-    return nullptr;
-  }
-
   // Under `mutex`. Starts the watcher in this process once; false when no thread could start.
   bool start_watcher();
-  // The watcher's loop: each signal names the descriptor whose lease a writer is breaking.
+  // The watcher's loop: a lease signal names the descriptor whose lease a writer is breaking;
+  // SIGIO (the signal's queue was full) names none, so every lease is asked.
   void watch(sigset_t set);
+  // Under `mutex`: answers a break of `lease` if one is under way.
+  static void answer(FileLease& lease);
+  // Before a fork: the child's views would have no lease, so every protection becomes a private
+  // copy now, under its lease, and the lock stays taken until both processes go on.
+  static void freeze_before_fork() {
+    auto& registry = get();
+    registry.mutex.lock();
+    for (FileLease* lease : registry.leases) {
+      if (lease->held_ && lease->taker_ == ::getpid()) (void)lease->freeze_all();
+    }
+  }
 };
 
 namespace {
@@ -62,14 +68,28 @@ bool refused_for_testing() {
 #endif
 }
 
-void lock_for_fork() { LeaseRegistry::get().mutex.lock(); }
 void unlock_after_fork() { LeaseRegistry::get().mutex.unlock(); }
-void child_after_fork() {
-  LeaseRegistry::get().mutex.unlock();
-  FileLease::freeze_all_in_child();
-}
 
 uint64_t round_up(uint64_t value, uint64_t to) { return (value + to - 1) / to * to; }
+
+uint64_t size_of(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+// Private copies of [start, start + length) at the same addresses, in one step: a reader sees
+// the file's page or its copy, never a hole. Bytes at or past `available` (a file's end) are
+// zeros, never read (SIGBUS). False when no copy could be made.
+bool replace_by_copies(uint8_t* start, uint64_t length, uint64_t available) {
+  void* fresh = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (fresh == MAP_FAILED) return false;
+  std::memcpy(fresh, start, std::min(length, available));
+  if (::mremap(fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, start) == MAP_FAILED) {
+    ::munmap(fresh, length);
+    return false;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -79,8 +99,9 @@ bool LeaseRegistry::start_watcher() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, signal);
-  // Blocked in the new thread from its first instruction: a lease break that arrived before it
-  // waits queued instead of taking the signal's default action (ending the process).
+  sigaddset(&set, SIGIO);
+  // Blocked in the new thread from its first instruction: a break signalled before it waits
+  // queued instead of taking the signal's default action (ending the process).
   sigset_t previous;
   if (pthread_sigmask(SIG_BLOCK, &set, &previous) != 0) return false;
   std::mutex started_mutex;
@@ -92,8 +113,8 @@ bool LeaseRegistry::start_watcher() {
       {
         std::lock_guard<std::mutex> lock(started_mutex);
         tid = static_cast<pid_t>(::syscall(SYS_gettid));
+        started.notify_one();  // under the lock: the waiter may return and destroy both
       }
-      started.notify_one();
       watch(set);
     }).detach();
     std::unique_lock<std::mutex> lock(started_mutex);
@@ -104,23 +125,34 @@ bool LeaseRegistry::start_watcher() {
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (!ok) return false;
   static std::once_flag fork_handlers;
-  std::call_once(fork_handlers,
-                 [] { pthread_atfork(lock_for_fork, unlock_after_fork, child_after_fork); });
+  std::call_once(fork_handlers, [] {
+    pthread_atfork(LeaseRegistry::freeze_before_fork, unlock_after_fork, unlock_after_fork);
+  });
   watcher_pid = ::getpid();
   watcher_tid = tid;
   return true;
 }
 
+void LeaseRegistry::answer(FileLease& lease) {
+  // Only a lease being broken reads as anything but F_RDLCK: a stale signal (a descriptor
+  // released, maybe reused since) changes nothing.
+  if (!lease.held_ || lease.taker_ != ::getpid() || ::fcntl(lease.fd_, F_GETLEASE) == F_RDLCK) {
+    return;
+  }
+  if (!lease.freeze_all()) return;  // kept: the kernel lets the writer go after its timeout
+  ::fcntl(lease.fd_, F_SETLEASE, F_UNLCK);
+  lease.held_ = false;
+}
+
 void LeaseRegistry::watch(sigset_t set) {
   for (;;) {
     siginfo_t info{};
-    if (sigwaitinfo(&set, &info) < 0) continue;
+    const int got = sigwaitinfo(&set, &info);
+    if (got < 0) continue;
     std::lock_guard<std::mutex> lock(mutex);
-    FileLease* lease = find(info.si_fd);
-    // A stale signal for a descriptor released (and maybe reused) since: only a lease being
-    // broken reads as anything but F_RDLCK.
-    if (!lease || !lease->held_ || ::fcntl(lease->fd_, F_GETLEASE) == F_RDLCK) continue;
-    lease->break_now();
+    for (FileLease* lease : leases) {
+      if (got == SIGIO || lease->fd_ == info.si_fd) answer(*lease);
+    }
   }
 }
 
@@ -129,7 +161,9 @@ std::shared_ptr<FileLease> FileLease::take(int fd) {
   auto& registry = LeaseRegistry::get();
   std::lock_guard<std::mutex> lock(registry.mutex);
   if (!registry.start_watcher()) return nullptr;
-  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  // A description of our own: F_SETSIG and F_SETOWN_EX are set on it, and its lease is ours.
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  const int own = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
   if (own < 0) return nullptr;
   f_owner_ex owner{F_OWNER_TID, registry.watcher_tid};
   if (::fcntl(own, F_SETSIG, registry.signal) != 0 || ::fcntl(own, F_SETOWN_EX, &owner) != 0 ||
@@ -137,16 +171,29 @@ std::shared_ptr<FileLease> FileLease::take(int fd) {
     ::close(own);
     return nullptr;
   }
-  std::shared_ptr<FileLease> lease(new FileLease(own));
-  registry.leases.push_back(lease.get());
-  return lease;
+  std::unique_ptr<FileLease> made;
+  try {
+    made.reset(new FileLease(own));
+  } catch (...) {
+    ::close(own);  // the lease ends with its description
+    return nullptr;
+  }
+  try {
+    registry.leases.reserve(registry.leases.size() + 1);
+    std::shared_ptr<FileLease> lease(std::move(made));
+    registry.leases.push_back(lease.get());
+    lease->registered_ = true;
+    return lease;
+  } catch (...) {
+    return nullptr;  // `made`, not registered, closes its descriptor without the lock
+  }
 }
 
 FileLease::FileLease(int own_fd) : fd_(own_fd), taker_(::getpid()) {}
 
 FileLease::~FileLease() {
   auto& registry = LeaseRegistry::get();
-  {
+  if (registered_) {
     std::lock_guard<std::mutex> lock(registry.mutex);
     registry.leases.erase(std::remove(registry.leases.begin(), registry.leases.end(), this),
                           registry.leases.end());
@@ -161,57 +208,47 @@ std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint6
   auto& registry = LeaseRegistry::get();
   std::lock_guard<std::mutex> lock(registry.mutex);
   if (!held_ || taker_ != ::getpid()) return nullptr;
-  const uint64_t page = page_size();
-  std::shared_ptr<ViewProtection> protection(new ViewProtection(
-      shared_from_this(), mapping_start, offset / page * page, round_up(offset + nbytes, page)));
+  protections_.reserve(protections_.size() + 1);  // no throw below, under the lock
+  std::shared_ptr<ViewProtection> protection(
+      new ViewProtection(shared_from_this(), mapping_start, offset, nbytes));
   protections_.push_back(protection.get());
   return protection;
 }
 
-void FileLease::break_now() noexcept {
-  struct stat st {};
-  const uint64_t size = ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-  for (ViewProtection* protection : protections_) protection->freeze(size);
-  ::fcntl(fd_, F_SETLEASE, F_UNLCK);
-  held_ = false;
-}
-
-void FileLease::freeze_all_in_child() noexcept {
-  auto& registry = LeaseRegistry::get();
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  for (FileLease* lease : registry.leases) {
-    struct stat st {};
-    const uint64_t size = ::fstat(lease->fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-    for (ViewProtection* protection : lease->protections_) protection->freeze(size);
+bool FileLease::freeze_all() noexcept {
+  std::vector<ViewProtection*> open;
+  for (ViewProtection* protection : protections_) {
+    if (!protection->frozen_) open.push_back(protection);
   }
+  std::sort(open.begin(), open.end(),
+            [](const ViewProtection* a, const ViewProtection* b) { return a->begin_ < b->begin_; });
+  const uint64_t size = size_of(fd_);
+  bool all = true;
+  // Neighbouring views make one replacement: one mapping each, not one per tensor
+  // (vm.max_map_count is 65530 by default).
+  for (size_t first = 0; first < open.size();) {
+    uint8_t* start = open[first]->mapping_start_;
+    uint64_t begin = open[first]->begin_;
+    uint64_t end = open[first]->end_;
+    size_t last = first + 1;
+    while (last < open.size() && open[last]->begin_ <= end) end = std::max(end, open[last++]->end_);
+    const bool done =
+        replace_by_copies(start + begin, end - begin, size > begin ? size - begin : 0);
+    for (size_t i = first; i < last; ++i) open[i]->frozen_ = done;
+    all = all && done;
+    first = last;
+  }
+  return all;
 }
 
 ViewProtection::ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mapping_start,
-                               uint64_t begin, uint64_t end)
-    : lease_(std::move(lease)), mapping_start_(mapping_start), begin_(begin), end_(end) {}
-
-bool ViewProtection::frozen() const {
-  std::lock_guard<std::mutex> lock(LeaseRegistry::get().mutex);
-  return frozen_;
-}
-
-void ViewProtection::freeze(uint64_t file_size) noexcept {
-  if (frozen_) return;
-  const uint64_t length = end_ - begin_;
-  void* fresh = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (fresh == MAP_FAILED) return;  // no memory: the view stays a view of the file
-  // Pages past a file's end raise SIGBUS: a file shrunk by a writer that did not wait for the
-  // lease (one that had it open before) leaves zeros there.
-  const uint64_t available = file_size > begin_ ? std::min(length, file_size - begin_) : 0;
-  std::memcpy(fresh, mapping_start_ + begin_, available);
-  // Over the same addresses in one step: a reader sees the file's page or its copy, never a hole.
-  if (::mremap(fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, mapping_start_ + begin_) ==
-      MAP_FAILED) {
-    ::munmap(fresh, length);
-    return;
-  }
-  frozen_ = true;
-}
+                               uint64_t offset, uint64_t nbytes)
+    : lease_(std::move(lease)),
+      mapping_start_(mapping_start),
+      bytes_begin_(offset),
+      bytes_end_(offset + nbytes),
+      begin_(offset / page_size() * page_size()),
+      end_(round_up(offset + nbytes, page_size())) {}
 
 ViewProtection::~ViewProtection() {
   auto& registry = LeaseRegistry::get();
@@ -219,21 +256,20 @@ ViewProtection::~ViewProtection() {
   auto& list = lease_->protections_;
   list.erase(std::remove(list.begin(), list.end(), this), list.end());
   if (!frozen_) return;
-  // The file's pages again where no other kept view needs the copies: a later pass over the same
-  // mapping must see the file, not these bytes (nor zeros once unmapped behind its consumer).
+  // The file's pages again where no other kept view needs the copies: a later pass over the
+  // same mapping must see the file, not these bytes (nor zeros once unmapped behind its
+  // consumer).
   std::vector<std::pair<uint64_t, uint64_t>> keep;
   for (ViewProtection* other : list) {
-    if (other->frozen_ && other->begin_ < end_ && begin_ < other->end_) {
-      keep.emplace_back(other->begin_, other->end_);
-    }
+    if (other->begin_ < end_ && begin_ < other->end_) keep.emplace_back(other->begin_, other->end_);
   }
   std::sort(keep.begin(), keep.end());
-  uint64_t from = begin_;
   auto remap = [&](uint64_t begin, uint64_t end) {
     if (end <= begin) return;
     ::mmap(mapping_start_ + begin, end - begin, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED,
            lease_->fd_, static_cast<off_t>(begin));
   };
+  uint64_t from = begin_;
   for (auto [begin, end] : keep) {
     remap(from, std::min(begin, end_));
     from = std::max(from, end);

@@ -7,7 +7,7 @@
 // every pass included (a `for` loop still binds it). On a VM whose free memory is handed back to
 // the host, fresh memory costs a host fault per page: 262 MB took 0.85-1.0 s in each of two
 // processes, against 0.08 s alone (benchmarks/README.md). With a lease, nothing is copied unless
-// a writer comes.
+// a writer comes or the process forks.
 #pragma once
 
 #include <sys/types.h>
@@ -21,44 +21,50 @@ namespace instanttensor::io {
 
 class ViewProtection;
 
-// A read lease on one file, taken through a descriptor of its own (a dup of the caller's), so
-// it outlives the caller's descriptor and the loader that opened it. One process-wide thread
-// answers lease breaks for every lease (a real-time signal directed at it alone, blocked
-// there). The lease is released when the last holder (the loader, its protections) drops it.
-// Any thread.
+// A read lease on one file, taken through an open file description of its own (the file
+// reopened through /proc/self/fd), so it outlives the caller's descriptor and the loader that
+// opened it, and two leases on one file never share one kernel lease. One process-wide thread
+// answers lease breaks for every lease (a real-time signal directed at it alone and blocked
+// there; SIGIO too, which the kernel sends instead when that signal's queue is full). The lease
+// is released when the last holder (the loader, its protections) drops it. Any thread.
+//
+// Before a fork (pthread_atfork), every protection of this process is replaced by private copies
+// under its lease, so parent and child share those copies copy-on-write and no writer can reach
+// the child's views, which no lease covers. A fork after keeping many views therefore copies
+// them once, in the parent, as keeping them used to.
 class FileLease : public std::enable_shared_from_this<FileLease> {
  public:
-  // The lease on the file `fd` reads (opened read-only), or nullptr where the kernel refuses it:
-  // leases disabled (/proc/sys/fs/leases-enable), a filesystem without them (NFS, FUSE), a file
-  // this process neither owns nor has CAP_LEASE for, a file open for writing anywhere, no thread
-  // for the watcher; in a testing build, INSTANTTENSOR_TESTING_NO_LEASE=1 refuses too.
+  // The lease on the file `fd` reads, or nullptr where the kernel refuses it: leases disabled
+  // (/proc/sys/fs/leases-enable), a filesystem without them (NFS, FUSE), a file this process
+  // neither owns nor has CAP_LEASE for, a file open for writing anywhere, no /proc, no thread for
+  // the watcher; in a testing build, INSTANTTENSOR_TESTING_NO_LEASE=1 refuses too.
   static std::shared_ptr<FileLease> take(int fd);
   ~FileLease();
   FileLease(const FileLease&) = delete;
   FileLease& operator=(const FileLease&) = delete;
 
-  // Keeps [offset, offset + nbytes) of the file, mapped private from offset 0 at
-  // `mapping_start`, as a view until a writer comes; the whole pages under it are then replaced
-  // by private copies before the writer may go on. nullptr when the lease is no longer held (a
-  // writer came already): the caller copies the view instead. Dropping the protection gives the
-  // file's own pages back to the mapping where they had been replaced.
+  // Keeps the tensor bytes [offset, offset + nbytes) of the file, mapped private from offset 0
+  // at `mapping_start`, as a view until a writer comes; the whole pages under it are then
+  // replaced by private copies before the writer may go on (a write into the view by another
+  // thread between that copy and the replacement is lost). nullptr when the lease is no longer
+  // held (a writer came already) or in a forked child: the caller copies the view instead.
+  // Dropping the protection maps the file's own pages back where they had been replaced (an
+  // in-place write by a live, unprotected view on a page shared with it is lost then).
   std::shared_ptr<ViewProtection> protect(uint8_t* mapping_start, uint64_t offset, uint64_t nbytes);
-
-  // In a forked child: the watcher thread and the lease are the parent's, so every live
-  // protection of this process is replaced by private copies now (what the parent would do on a
-  // writer's open). Called by the child once, before its first use of a view.
-  static void freeze_all_in_child() noexcept;
 
  private:
   friend class ViewProtection;
   friend struct LeaseRegistry;
   explicit FileLease(int own_fd);
-  // Under the registry's lock: every protection replaced by private copies, the lease released.
-  void break_now() noexcept;
+  // Under the registry's lock: every protection replaced by private copies. False when a copy
+  // could not be made (no memory, too many mappings): the lease is kept then, and the kernel
+  // lets the writer go after /proc/sys/fs/lease-break-time.
+  bool freeze_all() noexcept;
 
-  int fd_;       // ours, a dup of the caller's: the lease lives on its open file description
+  int fd_;       // ours: the lease lives on its open file description
   pid_t taker_;  // a forked child never releases the parent's lease
   bool held_ = true;
+  bool registered_ = false;  // in the registry: its destructor takes the registry's lock
   std::vector<ViewProtection*> protections_;
 };
 
@@ -73,21 +79,23 @@ class ViewProtection {
   // consumer leaves these alone.
   uint64_t begin() const { return begin_; }
   uint64_t end() const { return end_; }
-  // Its pages are private copies now (a writer came, or this is a forked child).
-  bool frozen() const;
+  // The tensor's own bytes [first byte, end): another view of them would share them.
+  bool overlaps_bytes(uint64_t offset, uint64_t nbytes) const {
+    return offset < bytes_end_ && bytes_begin_ < offset + nbytes;
+  }
 
  private:
   friend class FileLease;
-  ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mapping_start, uint64_t begin,
-                 uint64_t end);
-  // Under the registry's lock: private copies of [begin, end) over the same addresses.
-  void freeze(uint64_t file_size) noexcept;
+  ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mapping_start, uint64_t offset,
+                 uint64_t nbytes);
 
   std::shared_ptr<FileLease> lease_;
   uint8_t* mapping_start_;
+  uint64_t bytes_begin_;
+  uint64_t bytes_end_;
   uint64_t begin_;
   uint64_t end_;
-  bool frozen_ = false;
+  bool frozen_ = false;  // under the registry's lock
 };
 
 }  // namespace instanttensor::io

@@ -144,6 +144,10 @@ def test_views_held_at_close_are_owned_after_it(checkpoint, copy, kept_as):
     path, tensors = checkpoint
     with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
         kept = dict(f.tensors())  # the last one is still a view when the pass ends
+        stats = f.stats()
+    # Copied: the last one (1 MiB) was read into owned memory beside the pass instead.
+    assert (stats["leased_views"], stats["materializations"]) == (
+        (len(tensors), 0) if kept_as == "leased" else (0, len(tensors) - 1))
     os.truncate(path, 0)
     assert all(same_bytes(kept[n], tensors[n]) for n in tensors)
 
@@ -168,16 +172,23 @@ def test_a_tensor_handed_to_another_thread_stays_right(checkpoint, copy, kept_as
         iteration = f.tensors()
         handed.append(next(iteration))
         ready.set()
-        for _ in iteration:
-            pass
-        _rewrite_in_place(path)
-        check.set()
-        thread.join()
+        try:
+            for _ in iteration:
+                pass
+            stats = f.stats()
+            # The tensor handed over, and the last one, which `_` still binds at the pass's end
+            # (copied: read into owned memory beside the pass instead).
+            assert (stats["leased_views"], stats["materializations"]) == (
+                (2, 0) if kept_as == "leased" else (0, 1))
+            _rewrite_in_place(path)
+        finally:
+            check.set()
+            thread.join()
     assert results == [True]
 
 
 @pytest.mark.parametrize("copy", COPIES)
-def test_an_in_place_write_on_a_view_stays_private(checkpoint, copy, kept_as):
+def test_an_in_place_write_on_a_view_stays_private(checkpoint, copy):
     path, tensors = checkpoint
     with open(path, "rb") as file:
         before = file.read()
@@ -246,6 +257,47 @@ def test_a_fork_keeps_the_views_held_right_in_both_processes(checkpoint, copy, k
         rest = dict(iteration)
     assert same_bytes(kept, tensors[name])
     assert all(same_bytes(rest[n], tensors[n]) for n in rest)
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_views_kept_past_their_step_stay_right_in_a_forked_child_and_its_parent(checkpoint, copy,
+                                                                                kept_as):
+    path, tensors = checkpoint
+    with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
+        kept = dict(f.tensors())
+        stats = f.stats()
+        assert (stats["leased_views"], stats["materializations"]) == (
+            (12, 0) if kept_as == "leased" else (0, 11))  # copied: the last one read owned
+
+    def child():
+        # No lease covers a child's views: they became private copies at the fork.
+        _rewrite_in_place(path)
+        assert all(same_bytes(kept[n], tensors[n]) for n in tensors)
+        os.truncate(path, 0)
+        assert all(same_bytes(kept[n], tensors[n]) for n in tensors)
+        return "ok"
+
+    status, said = in_child(child)
+    assert status == 0 and said == "ok", said
+    assert os.path.getsize(path) == 0
+    assert all(same_bytes(kept[n], tensors[n]) for n in tensors)
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_a_later_pass_never_shares_bytes_with_a_view_kept_from_an_earlier_one(checkpoint, copy,
+                                                                             kept_as):
+    path, tensors = checkpoint
+    with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
+        kept = dict(f.tensors())
+        for name, tensor in f.tensors():  # a second pass over the same mapping
+            assert same_bytes(tensor, tensors[name]), name
+            tensor.add_(1)
+            kept[name].mul_(0)
+            assert torch.equal(tensor, tensors[name] + 1), name
+        assert all(torch.count_nonzero(t) == 0 for t in kept.values())
+        del kept
+        again = dict(f.tensors())  # neither pass's in-place writes reach a third one
+        assert all(same_bytes(again[n], tensors[n]) for n in tensors)
 
 
 def test_an_explicit_read_backend_keeps_the_read_path(checkpoint):

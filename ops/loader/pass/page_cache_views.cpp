@@ -108,6 +108,11 @@ void PageCacheViews::begin_pass() {
   stop_tail();
   last_handed_out_ = SIZE_MAX;
   std::fill(dropped_up_to_.begin(), dropped_up_to_.end(), 0);
+  // Pages the last pass skipped for a leased view since dropped: an in-place write of it must
+  // not reach this pass.
+  for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
+    unmap_unleased(file, 0, mapping_->size(file));
+  }
   read_ahead_->restart();
 }
 
@@ -135,6 +140,7 @@ at::Tensor PageCacheViews::hand_out(size_t item) {
   if (item == tail_.item) {
     if (auto owned = take_tail()) return *owned;
   }
+  if (shown_by_a_leased_view(item)) return read_owned(item);
   auto spec = factory_.spec(t);
   auto storage = factory_.mapped(mapping_, t, 0, t.nbytes);
   stats_.bytes_read += t.nbytes;
@@ -146,9 +152,40 @@ at::Tensor PageCacheViews::hand_out(size_t item) {
   return tensor;
 }
 
+bool PageCacheViews::shown_by_a_leased_view(size_t item) const {
+  const auto& t = plan_.tensor_of_item(item);
+  for (const auto& leased : leased_) {
+    auto protection = leased.protection.lock();
+    if (leased.file == t.file_index && protection &&
+        protection->overlaps_bytes(t.file_offset, t.nbytes)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+at::Tensor PageCacheViews::read_owned(size_t item) {
+  const auto& t = plan_.tensor_of_item(item);
+  const auto& file = plan_.checkpoint->files()[t.file_index];
+  std::shared_ptr<uint8_t> memory = io::map_untouched_pages(t.nbytes);
+  uint8_t* to = memory.get();
+  auto read = io::read_into_untouched_pages(file.fd, t.file_offset, to, t.nbytes);
+  if (read.bytes != t.nbytes) {
+    throw Error(ErrorKind::Io, file.path, t.name(),
+                read.error ? std::string("read failed: ") + std::strerror(read.error)
+                           : std::string("file shrank during the load (short read)"));
+  }
+  plan_.checkpoint->check_unchanged(t.file_index, t.name());
+  stats_.read_requests += 1;
+  stats_.bytes_read += t.nbytes;
+  auto data = data_kept_by(to, std::shared_ptr<const void>(std::move(memory)));
+  return factory_.aligned(
+      TensorFactory::over(make_storage(std::move(data), t.nbytes), factory_.spec(t)));
+}
+
 void PageCacheViews::pass_ended() {
-  // Every view, the last one's included: a large last tensor was read owned (the tail), so
-  // only a small one is copied here, and numpy arrays made after the pass share owned memory.
+  // Every view, the last one's included: without a lease a large last tensor was read owned
+  // (the tail), so only a small one is copied here.
   if (auto changed = settle(plan_.reads.items.size())) throw *changed;
 }
 

@@ -41,7 +41,8 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // pread), since the loop that asks for it still binds it when the handle closes, which would
 // copy it on the consumer's time. Pages behind every view still checked are unmapped
 // (MADV_DONTNEED), those of leased views excepted, so resident memory stays within the window
-// plus the views held.
+// plus the views held. A later pass reads a tensor that a leased view of an
+// earlier pass still shows into owned memory instead, so the two never share bytes.
 //
 // Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
 class PageCacheViews {
@@ -65,10 +66,10 @@ class PageCacheViews {
   // and the tensor when the file changed since open (a held view whose bytes changed under it
   // included, after making it owned).
   at::Tensor hand_out(size_t item);
-  // The pass ran out of tensors: every view still held is made owned (as at a step; the last
-  // one included, since a large last tensor was read into owned memory already).
+  // The pass ran out of tensors: every view still held is leased or made owned (as at a step;
+  // the last one included).
   void pass_ended();
-  // Every view still held is made owned (close, restart, a fork); never throws for a changed
+  // Every view still held is leased or made owned (close, restart); never throws for a changed
   // file (a view whose bytes are gone gets zeros past the file's new end, and is counted).
   void release_all() noexcept;
   // In a forked child: the read-ahead workers were the parent's.
@@ -100,6 +101,11 @@ class PageCacheViews {
   bool make_owned(const Held& held, std::optional<Error>& changed) noexcept;
   // madvise(MADV_DONTNEED) over [begin, end) of `file`'s mapping, leased views' pages excepted.
   void unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept;
+  // A view kept from an earlier pass, leased (so at the mapping's own address), shows some of
+  // `item`'s bytes: a view of them now would share them with it.
+  bool shown_by_a_leased_view(size_t item) const;
+  // `item` read by pread into owned memory. Throws Error(Io) naming the file and the tensor.
+  at::Tensor read_owned(size_t item);
   // Unmaps the pages before the oldest view still held (or `next_item`'s first byte).
   void drop_pages_behind(size_t next_item) noexcept;
   // Starts reading the last tensor (allocation failure: it stays a view).

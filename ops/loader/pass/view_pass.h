@@ -1,6 +1,7 @@
 // The pass over views of the page cache (PageCacheViews): nothing is read into loader memory;
-// each tensor is a view of its file's private mapping during its step and becomes owned only if
-// the consumer still holds it when the pass moves on. copy=true and copy=false on a host target.
+// each tensor is a view of its file's private mapping during its step; one the consumer still
+// holds when the pass moves on is kept under a lease on its file, or made owned where the kernel
+// refuses the lease. copy=true and copy=false on a host target.
 #pragma once
 
 #include <memory>
@@ -23,7 +24,7 @@ class ViewPass : public Pass {
   std::pair<std::string, at::Tensor> hand_out(size_t item) override;
   void end() override { views_->pass_ended(); }
   void leave_parent_work_behind() override;
-  // Views still held are made owned and the read-ahead joined, before the files close.
+  // Views still held are leased or made owned and the read-ahead joined, before the files close.
   uint64_t release_memory() override;
   std::string description() const override { return views_->description(); }
 
