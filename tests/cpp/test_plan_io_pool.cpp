@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/userfaultfd.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "helper_files.h"
 #include "instanttensor/error.h"
 #include "io/direct_io.h"
+#include "io/file_lease.h"
 #include "io/mapped_files.h"
 #include "io/page_cache_read_ahead.h"
 #include "io/read_backend.h"
@@ -321,6 +323,57 @@ TEST(UntouchedPages, StopsAtTheEndOfTheFileAndSaysAFailedRead) {
   auto bad = io::read_into_untouched_pages(-1, 0, failed.get(), 1 << 20);
   EXPECT_EQ(bad.bytes, 0u);
   EXPECT_EQ(bad.error, EBADF);
+}
+
+// A read lease over views of a private mapping: the writer's open waits until the protected
+// pages are private copies; the bytes stay, a neighbour's protection outlives another's, and a
+// file open for writing gets no lease. The watcher thread and the caller's meet under TSan here.
+TEST(FileLease, AWriterWaitsUntilTheProtectedPagesAreCopies) {
+  TempDir dir;
+  const std::string path = dir.file("f.bin");
+  const std::string bytes = pattern_bytes(5 * 4096 + 100);
+  testing::write_bytes(path, bytes);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto lease = io::FileLease::take(fd);
+  if (!lease) {
+    ::close(fd);
+    GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
+  }
+  auto* map = static_cast<uint8_t*>(
+      ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(fd);  // the lease lives on a description of its own
+  // Two views sharing page 1; the second written in place before the writer comes.
+  auto first = lease->protect(map, 100, 5000);
+  auto second = lease->protect(map, 5100, 9000);
+  ASSERT_TRUE(first && second);
+  map[6000] = static_cast<uint8_t>(map[6000] + 1);
+  std::string expected = bytes;
+  expected[6000] = static_cast<char>(expected[6000] + 1);
+  std::thread writer([&] {
+    const int w = ::open(path.c_str(), O_WRONLY);  // waits for the watcher
+    ASSERT_GE(w, 0);
+    const std::string junk(bytes.size(), 'x');
+    ASSERT_EQ(::pwrite(w, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
+    ASSERT_EQ(::ftruncate(w, 0), 0);
+    ::close(w);
+  });
+  writer.join();
+  EXPECT_EQ(std::memcmp(map + 100, expected.data() + 100, 14000), 0);  // no SIGBUS, no junk
+  first.reset();  // its pages go back to the (now empty) file but for page 1, still needed
+  EXPECT_EQ(std::memcmp(map + 5100, expected.data() + 5100, 9000), 0);
+  EXPECT_EQ(lease->protect(map, 0, 10), nullptr);  // the writer came: no more views kept
+  second.reset();
+  lease.reset();
+  ::munmap(map, bytes.size());
+  // A file open for writing anywhere gets no lease.
+  testing::write_bytes(path, bytes);
+  const int writing = ::open(path.c_str(), O_WRONLY);
+  const int reading = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_EQ(io::FileLease::take(reading), nullptr);
+  ::close(reading);
+  ::close(writing);
 }
 
 TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {
