@@ -30,6 +30,13 @@ def kept_as(request, monkeypatch):
     return request.param
 
 
+def _expect_kept(stats: dict, kept_as: str, leased: int, copied: int) -> None:
+    """The views kept past their step: `leased` under a lease, or `copied` copied out where the
+    lease is refused (one fewer when the last one was read into owned memory beside the pass)."""
+    expected = (leased, 0) if kept_as == "leased" else (0, copied)
+    assert (stats["leased_views"], stats["materializations"]) == expected
+
+
 @pytest.fixture
 def checkpoint(tmp_path):
     torch.manual_seed(33)
@@ -122,9 +129,7 @@ def test_kept_tensors_are_owned_once_the_pass_moves_on(checkpoint, copy, change,
         row = first[3]  # a view of the kept tensor follows it when it is copied out
         next(iteration)
         next(iteration)  # the pass moved past the first tensor: leased or copied now
-        stats = f.stats()
-        assert (stats["leased_views"], stats["materializations"]) == (
-            (1, 0) if kept_as == "leased" else (0, 1))
+        _expect_kept(f.stats(), kept_as, leased=1, copied=1)
         if change == "rewrite":
             _rewrite_in_place(path)
         elif change == "truncate":
@@ -144,10 +149,8 @@ def test_views_held_at_close_are_owned_after_it(checkpoint, copy, kept_as):
     path, tensors = checkpoint
     with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
         kept = dict(f.tensors())  # the last one is still a view when the pass ends
-        stats = f.stats()
-    # Copied: the last one (1 MiB) was read into owned memory beside the pass instead.
-    assert (stats["leased_views"], stats["materializations"]) == (
-        (len(tensors), 0) if kept_as == "leased" else (0, len(tensors) - 1))
+        # Copied: the last one (1 MiB) was read into owned memory beside the pass instead.
+        _expect_kept(f.stats(), kept_as, leased=len(tensors), copied=len(tensors) - 1)
     os.truncate(path, 0)
     assert all(same_bytes(kept[n], tensors[n]) for n in tensors)
 
@@ -175,11 +178,9 @@ def test_a_tensor_handed_to_another_thread_stays_right(checkpoint, copy, kept_as
         try:
             for _ in iteration:
                 pass
-            stats = f.stats()
             # The tensor handed over, and the last one, which `_` still binds at the pass's end
             # (copied: read into owned memory beside the pass instead).
-            assert (stats["leased_views"], stats["materializations"]) == (
-                (2, 0) if kept_as == "leased" else (0, 1))
+            _expect_kept(f.stats(), kept_as, leased=2, copied=1)
             _rewrite_in_place(path)
         finally:
             check.set()
@@ -265,9 +266,7 @@ def test_views_kept_past_their_step_stay_right_in_a_forked_child_and_its_parent(
     path, tensors = checkpoint
     with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
         kept = dict(f.tensors())
-        stats = f.stats()
-        assert (stats["leased_views"], stats["materializations"]) == (
-            (12, 0) if kept_as == "leased" else (0, 11))  # copied: the last one read owned
+        _expect_kept(f.stats(), kept_as, leased=12, copied=11)  # copied: the last one read owned
 
     def child():
         # No lease covers a child's views: they became private copies at the fork.
