@@ -75,9 +75,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             part = f.get_slice("embed")[0:128]    # reads only those rows
 
     copy=True (default): every tensor owns exactly its bytes and outlives the context (host: a
-    view of the page cache during its step; one kept past it stays a view under a read lease on
-    the file, made private before any writer may change the file, stats()["leased_views"], or
-    is copied out where the kernel refuses the lease).
+    view kept past its step is leased, stats()["leased_views"]; README, "copy=True").
     copy=False: zero-copy views (host: of the page cache; else of a bounded buffer) valid until
     the iteration advances; one still referenced then (a buffer: when its memory is needed) is
     copied out (stats()["materializations"]), so kept tensors never change; pointers exported

@@ -1,5 +1,6 @@
 // Host iteration over views of the page cache: a tensor is a view of the file's private mapping
-// during its step and becomes owned only if the consumer still holds it when the pass moves on.
+// during its step; one the consumer still holds when the pass moves on is leased (the lease
+// part is in page_cache_views_leases.cpp) or made owned.
 #pragma once
 
 #include <c10/core/StorageImpl.h>
@@ -106,6 +107,9 @@ class PageCacheViews {
   bool shown_by_a_leased_view(size_t item) const;
   // `item` read by pread into owned memory. Throws Error(Io) naming the file and the tensor.
   at::Tensor read_owned(size_t item);
+  // The tensor of `item` over `data`, owned memory holding its bytes (the tail, read_owned),
+  // counted as read. Throws Error(Io) when its file changed since open.
+  at::Tensor owned_tensor(size_t item, c10::DataPtr data);
   // Unmaps the pages before the oldest view still held (or `next_item`'s first byte).
   void drop_pages_behind(size_t next_item) noexcept;
   // Starts reading the last tensor (allocation failure: it stays a view).
@@ -127,7 +131,8 @@ class PageCacheViews {
     std::weak_ptr<io::ViewProtection> protection;  // lives as long as the view's storage
   };
   std::vector<Leased> leased_;
-  std::vector<uint64_t> dropped_up_to_;  // per file: pages before this offset are unmapped
+  bool leased_before_this_pass_ = false;  // a view of an earlier pass may share an item's bytes
+  std::vector<uint64_t> dropped_up_to_;   // per file: pages before this offset are unmapped
   uint64_t window_;
   size_t last_handed_out_ = SIZE_MAX;
   OwnedTail tail_;

@@ -1,0 +1,95 @@
+// PageCacheViews' part that keeps views under a lease on their file (io/file_lease.h): the
+// kept view itself, the pages it keeps mapped, and a later pass that must not share its bytes.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "io/untouched_pages.h"
+#include "loader/pass/page_cache_views.h"
+#include "loader/transfer/storage_views.h"
+
+namespace instanttensor::loader {
+
+bool PageCacheViews::shown_by_a_leased_view(size_t item) const {
+  if (!leased_before_this_pass_) return false;  // the first pass: no scan per step
+  const auto& t = plan_.tensor_of_item(item);
+  for (const auto& leased : leased_) {
+    auto protection = leased.protection.lock();
+    if (leased.file == t.file_index && protection &&
+        protection->overlaps_bytes(t.file_offset, t.nbytes)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+at::Tensor PageCacheViews::read_owned(size_t item) {
+  const auto& t = plan_.tensor_of_item(item);
+  const auto& file = plan_.checkpoint->files()[t.file_index];
+  std::shared_ptr<uint8_t> memory = io::map_untouched_pages(t.nbytes);
+  uint8_t* to = memory.get();
+  auto read = io::read_into_untouched_pages(file.fd, t.file_offset, to, t.nbytes);
+  if (read.bytes != t.nbytes) {
+    throw Error(ErrorKind::Io, file.path, t.name(),
+                read.error ? std::string("read failed: ") + std::strerror(read.error)
+                           : std::string("file shrank during the load (short read)"));
+  }
+  return owned_tensor(item, data_kept_by(to, std::shared_ptr<const void>(std::move(memory))));
+}
+
+bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
+  const auto& t = plan_.tensor_of_item(held.item);
+  const auto& lease = leases_[t.file_index];
+  if (!lease) return false;
+  try {
+    plan_.checkpoint->check_unchanged(t.file_index, t.name());
+    c10::StorageImpl& storage = *held.storage;
+    auto* data = static_cast<uint8_t*>(storage.mutable_data());
+    uint8_t* start = mapping_->data(t.file_index);
+    auto protection = lease->protect(start, static_cast<uint64_t>(data - start), storage.nbytes());
+    if (!protection) return false;
+    leased_.push_back(Leased{t.file_index, protection});
+    // The view's storage keeps the mapping and now its protection: the lease holds while any
+    // view of it lives, after close too.
+    struct MappingUnderLease {
+      std::shared_ptr<const io::MappedFiles> mapping;
+      std::shared_ptr<io::ViewProtection> protection;
+    };
+    auto both =
+        std::make_shared<MappingUnderLease>(MappingUnderLease{mapping_, std::move(protection)});
+    storage.set_data_ptr_noswap(data_kept_by(data, std::move(both)));
+    stats_.leased_views += 1;
+    return true;
+  } catch (...) {
+    return false;  // changed since open, or no memory: make_owned says which
+  }
+}
+
+void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept {
+  std::vector<std::pair<uint64_t, uint64_t>> kept;
+  leased_.erase(std::remove_if(leased_.begin(), leased_.end(),
+                               [](const Leased& l) { return l.protection.expired(); }),
+                leased_.end());
+  for (const auto& leased : leased_) {
+    auto protection = leased.protection.lock();
+    if (leased.file == file && protection)
+      kept.emplace_back(protection->begin(), protection->end());
+  }
+  std::sort(kept.begin(), kept.end());
+  // Nothing else views the other pages: a later touch would map the file's bytes again. A
+  // leased view's pages stay: dropping them would lose an in-place write, or its private copy.
+  auto unmap = [&](uint64_t from, uint64_t to) {
+    if (to > from) ::madvise(mapping_->data(file) + from, to - from, MADV_DONTNEED);
+  };
+  for (auto [kept_begin, kept_end] : kept) {
+    unmap(begin, std::min(kept_begin, end));
+    begin = std::max(begin, kept_end);
+  }
+  unmap(begin, end);
+}
+
+}  // namespace instanttensor::loader
