@@ -204,18 +204,16 @@ TEST(ReadPass, AReadFailureMidPassFailsThePassNamingTheTensorUntilRestarted) {
 // testing switch): copied into owned memory; one dropped costs nothing.
 TEST(ViewPass, AViewKeptPastItsStepIsMadeOwnedAndOneDroppedCostsNothing) {
   TempDir dir;
-  struct NoLease {  // set while the pass takes its leases, whatever fails in between
+  struct NoLease {  // set while the pass asks for leases (at a keep), whatever fails
     NoLease() { ::setenv("INSTANTTENSOR_TESTING_NO_LEASE", "1", 1); }
     ~NoLease() { ::unsetenv("INSTANTTENSOR_TESTING_NO_LEASE"); }
-  };
-  auto no_lease = std::make_unique<NoLease>();
+  } no_lease;
   plan::LoadModeInputs in = host_reads(true);
   in.page_cache_views = true;
   auto parts = compose(write_checkpoint(dir), in, "pread", 32 << 10, 0);
   ASSERT_TRUE(parts->plan.mode.host_views);
   ViewPass pass(parts->plan, map_for_views(*parts->plan.checkpoint), parts->memory->factory(),
                 parts->stats, parts->plan.memory.buffer_size, 0);
-  no_lease.reset();
   AloneWalk walk(pass);
   at::Tensor kept = walk.next()->second;  // t0, kept
   const void* view = kept.data_ptr();

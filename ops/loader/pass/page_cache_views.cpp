@@ -70,15 +70,16 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
                                TensorFactory& factory, Stats& stats, uint64_t window, int threads)
     : plan_(plan), factory_(factory), stats_(stats), mapping_(std::move(mapping)), window_(window) {
-  for (const auto& file : plan_.checkpoint->files()) {
-    leases_.push_back(io::FileLease::take(file.fd));
-  }
+  const size_t files = plan_.checkpoint->files().size();
+  leases_.resize(files);
+  lease_asked_.assign(files, false);
   for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
     const auto& t = plan_.tensor_of_item(item);
-    // Under a lease the last view stays a view past the pass, like any kept one: no tail read.
-    if (t.nbytes > 0) {
-      tail_.item = t.nbytes >= kOwnedTailBytes && !leases_[t.file_index] ? item : SIZE_MAX;
-    }
+    if (t.nbytes > 0) tail_.item = t.nbytes >= kOwnedTailBytes ? item : SIZE_MAX;
+  }
+  // Under a lease the last view stays a view past the pass, like any kept one: no tail read.
+  if (tail_.item != SIZE_MAX && lease_of(plan_.tensor_of_item(tail_.item).file_index)) {
+    tail_.item = SIZE_MAX;
   }
   std::vector<io::MappedSpan> spans;
   uint64_t position = 0;

@@ -97,6 +97,10 @@ class PageCacheViews {
   // Keeps a held view as it is under its file's lease; false when there is no lease (refused,
   // or a writer came) or its file changed since open: the caller copies it then.
   bool keep_under_lease(const Held& held) noexcept;
+  // `file`'s lease, taken on first need: a descriptor and a lease only for files with a view
+  // kept past its step (a checkpoint of many shards would otherwise hold two descriptors per
+  // shard). nullptr: refused, or no memory; asked once per file.
+  io::FileLease* lease_of(size_t file) noexcept;
   // Copies a held view into owned memory; false when there was no memory for it (it stays a
   // view). `changed`: set when its file changed since open.
   bool make_owned(const Held& held, std::optional<Error>& changed) noexcept;
@@ -125,7 +129,8 @@ class PageCacheViews {
   std::unique_ptr<io::PageCacheReadAhead> read_ahead_;
   std::vector<uint64_t> position_of_item_;  // bytes of the items before it, in pass order
   std::deque<Held> held_;
-  std::vector<std::shared_ptr<io::FileLease>> leases_;  // per file; nullptr: refused
+  std::vector<std::shared_ptr<io::FileLease>> leases_;  // per file; nullptr: refused or not asked
+  std::vector<bool> lease_asked_;                       // per file: lease_of took it or tried
   struct Leased {
     size_t file;
     std::weak_ptr<io::ViewProtection> protection;  // lives as long as the view's storage

@@ -41,9 +41,21 @@ at::Tensor PageCacheViews::read_owned(size_t item) {
   return owned_tensor(item, data_kept_by(to, std::shared_ptr<const void>(std::move(memory))));
 }
 
+io::FileLease* PageCacheViews::lease_of(size_t file) noexcept {
+  if (!lease_asked_[file]) {
+    lease_asked_[file] = true;
+    try {
+      leases_[file] = io::FileLease::take(plan_.checkpoint->files()[file].fd);
+    } catch (...) {
+      leases_[file] = nullptr;  // no memory: kept views of this file are copied out
+    }
+  }
+  return leases_[file].get();
+}
+
 bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
   const auto& t = plan_.tensor_of_item(held.item);
-  const auto& lease = leases_[t.file_index];
+  io::FileLease* lease = lease_of(t.file_index);
   if (!lease) return false;
   try {
     plan_.checkpoint->check_unchanged(t.file_index, t.name());
