@@ -205,13 +205,19 @@ FileLease::~FileLease() {
 
 std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint64_t offset,
                                                    uint64_t nbytes) {
+  // Made before the lock: one that is never listed dies without taking it (after it, below).
+  std::shared_ptr<ViewProtection> protection(
+      new ViewProtection(shared_from_this(), mapping_start, offset, nbytes));
   auto& registry = LeaseRegistry::get();
   std::lock_guard<std::mutex> lock(registry.mutex);
   if (!held_ || taker_ != ::getpid()) return nullptr;
-  protections_.reserve(protections_.size() + 1);  // no throw below, under the lock
-  std::shared_ptr<ViewProtection> protection(
-      new ViewProtection(shared_from_this(), mapping_start, offset, nbytes));
-  protections_.push_back(protection.get());
+  // Doubling: reserving one more each time copied the whole list at every kept view.
+  if (protections_.size() == protections_.capacity()) {
+    protections_.reserve(std::max<size_t>(16, 2 * protections_.capacity()));
+  }
+  protection->index_ = protections_.size();
+  protections_.push_back(protection.get());  // no throw: reserved
+  protection->listed_ = true;
   return protection;
 }
 
@@ -251,10 +257,14 @@ ViewProtection::ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mappin
       end_(round_up(offset + nbytes, page_size())) {}
 
 ViewProtection::~ViewProtection() {
+  if (!listed_) return;  // protect() gave it out to no one
   auto& registry = LeaseRegistry::get();
   std::lock_guard<std::mutex> lock(registry.mutex);
   auto& list = lease_->protections_;
-  list.erase(std::remove(list.begin(), list.end(), this), list.end());
+  // Its place taken by the last one: a view dying costs the same however many are kept.
+  list[index_] = list.back();
+  list[index_]->index_ = index_;
+  list.pop_back();
   if (!frozen_) return;
   // The file's pages again where no other kept view needs the copies: a later pass over the
   // same mapping must see the file, not these bytes (nor zeros once unmapped behind its

@@ -96,6 +96,8 @@ class ViewProtection {
   uint64_t begin_;
   uint64_t end_;
   bool frozen_ = false;  // under the registry's lock
+  size_t index_ = 0;     // its place in lease_->protections_, under the registry's lock
+  bool listed_ = false;  // in lease_->protections_ (set once, under the registry's lock)
 };
 
 }  // namespace instanttensor::io

@@ -10,6 +10,8 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "helper_files.h"
 #include "helper_thread_group.h"
@@ -18,6 +20,7 @@
 #include "io/io_setup.h"
 #include "loader/access/tensor_memory.h"
 #include "loader/exchange/exchange_protocol.h"
+#include "loader/pass/leased_views.h"
 #include "loader/pass/mapped_pass.h"
 #include "loader/pass/read_pass.h"
 #include "loader/pass/view_pass.h"
@@ -198,6 +201,46 @@ TEST(ReadPass, AReadFailureMidPassFailsThePassNamingTheTensorUntilRestarted) {
   walk.restart();
   for (int i = 0; i < kTensors; ++i) EXPECT_TRUE(holds_tensor(walk.next()->second, i));
   EXPECT_FALSE(walk.next());
+}
+
+// The index a pass keeps of its leased views: ordered by first byte whatever the order they
+// were kept in; a range meets views that reach into it through a shared page (found by stepping
+// back), and a view that died is never reported again.
+TEST(LeasedViews, FindsTheViewsMeetingARangeAndForgetsTheDeadOnes) {
+  TempDir dir;
+  const std::string path = dir.file("f.bin");
+  testing::write_bytes(path, std::string(6 * 4096, 'x'));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto lease = io::FileLease::take(fd);
+  ::close(fd);
+  if (!lease) GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
+  uint8_t* map = nullptr;  // protect() only records addresses: no mapping needed without a writer
+  auto a = lease->protect(map, 100, 4900);    // pages [0, 8192)
+  auto b = lease->protect(map, 5000, 4000);   // pages [4096, 12288): shares page 1 with a
+  auto c = lease->protect(map, 20000, 1000);  // pages [16384, 24576)
+  ASSERT_TRUE(a && b && c);
+  LeasedViews views(2);
+  views.add(0, 5000, 4000, b);
+  views.add(0, 20000, 1000, c);
+  views.add(0, 100, 4900, a);
+  using Pages = std::vector<std::pair<uint64_t, uint64_t>>;
+  EXPECT_EQ(views.pages_kept(0, 6000, 6001), (Pages{{0, 8192}, {4096, 12288}}));
+  EXPECT_EQ(views.pages_kept(0, 8192, 16384), (Pages{{4096, 12288}}));
+  EXPECT_EQ(views.pages_kept(0, 0, 4096), (Pages{{0, 8192}}));
+  EXPECT_EQ(views.pages_kept(0, 12288, 1 << 20), (Pages{{16384, 24576}}));
+  EXPECT_TRUE(views.shows_bytes(0, 4990, 20));
+  EXPECT_FALSE(views.shows_bytes(0, 9000, 11000));  // between b's last byte and c's first
+  EXPECT_TRUE(views.shows_bytes(0, 20999, 1));
+  EXPECT_FALSE(views.shows_bytes(1, 0, 1 << 20));  // another file
+  b.reset();
+  EXPECT_EQ(views.pages_kept(0, 0, 1 << 20), (Pages{{0, 8192}, {16384, 24576}}));
+  EXPECT_FALSE(views.shows_bytes(0, 5000, 4000));
+  EXPECT_TRUE(views.forget_ended());
+  a.reset();
+  c.reset();
+  EXPECT_FALSE(views.forget_ended());
+  EXPECT_TRUE(views.pages_kept(0, 0, 1 << 20).empty());
 }
 
 // A view kept past its step, where the kernel refuses a lease on its file (played here by the

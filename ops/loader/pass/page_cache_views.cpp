@@ -69,7 +69,12 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 
 PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
                                TensorFactory& factory, Stats& stats, uint64_t window, int threads)
-    : plan_(plan), factory_(factory), stats_(stats), mapping_(std::move(mapping)), window_(window) {
+    : plan_(plan),
+      factory_(factory),
+      stats_(stats),
+      mapping_(std::move(mapping)),
+      leased_(plan.checkpoint->files().size()),
+      window_(window) {
   const size_t files = plan_.checkpoint->files().size();
   leases_.resize(files);
   lease_asked_.assign(files, false);
@@ -112,10 +117,10 @@ void PageCacheViews::begin_pass() {
   std::fill(dropped_up_to_.begin(), dropped_up_to_.end(), 0);
   // Pages the last pass skipped for a leased view since dropped: an in-place write of it must
   // not reach this pass.
+  leased_before_this_pass_ = leased_.forget_ended();
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
-    unmap_unleased(file, 0, mapping_->size(file));  // also forgets the leases that ended
+    unmap_unleased(file, 0, mapping_->size(file));
   }
-  leased_before_this_pass_ = !leased_.empty();
   read_ahead_->restart();
 }
 

@@ -18,6 +18,7 @@
 #include "io/mapped_files.h"
 #include "io/page_cache_read_ahead.h"
 #include "loader/access/tensor_factory.h"
+#include "loader/pass/leased_views.h"
 #include "loader/pass/pass_state.h"
 
 namespace instanttensor::loader {
@@ -108,7 +109,7 @@ class PageCacheViews {
   void unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept;
   // A view kept from an earlier pass, leased (so at the mapping's own address), shows some of
   // `item`'s bytes: a view of them now would share them with it.
-  bool shown_by_a_leased_view(size_t item) const;
+  bool shown_by_a_leased_view(size_t item);
   // `item` read by pread into owned memory. Throws Error(Io) naming the file and the tensor.
   at::Tensor read_owned(size_t item);
   // The tensor of `item` over `data`, owned memory holding its bytes (the tail, read_owned),
@@ -131,11 +132,7 @@ class PageCacheViews {
   std::deque<Held> held_;
   std::vector<std::shared_ptr<io::FileLease>> leases_;  // per file; nullptr: refused or not asked
   std::vector<bool> lease_asked_;                       // per file: lease_of took it or tried
-  struct Leased {
-    size_t file;
-    std::weak_ptr<io::ViewProtection> protection;  // lives as long as the view's storage
-  };
-  std::vector<Leased> leased_;
+  LeasedViews leased_;
   bool leased_before_this_pass_ = false;  // a view of an earlier pass may share an item's bytes
   std::vector<uint64_t> dropped_up_to_;   // per file: pages before this offset are unmapped
   uint64_t window_;

@@ -14,17 +14,10 @@
 
 namespace instanttensor::loader {
 
-bool PageCacheViews::shown_by_a_leased_view(size_t item) const {
-  if (!leased_before_this_pass_) return false;  // the first pass: no scan per step
+bool PageCacheViews::shown_by_a_leased_view(size_t item) {
+  if (!leased_before_this_pass_) return false;  // the first pass: no lookup per step
   const auto& t = plan_.tensor_of_item(item);
-  for (const auto& leased : leased_) {
-    auto protection = leased.protection.lock();
-    if (leased.file == t.file_index && protection &&
-        protection->overlaps_bytes(t.file_offset, t.nbytes)) {
-      return true;
-    }
-  }
-  return false;
+  return leased_.shows_bytes(t.file_index, t.file_offset, t.nbytes);
 }
 
 at::Tensor PageCacheViews::read_owned(size_t item) {
@@ -64,7 +57,7 @@ bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
     uint8_t* start = mapping_->data(t.file_index);
     auto protection = lease->protect(start, static_cast<uint64_t>(data - start), storage.nbytes());
     if (!protection) return false;
-    leased_.push_back(Leased{t.file_index, protection});
+    leased_.add(t.file_index, t.file_offset, t.nbytes, protection);
     // The view's storage keeps the mapping and now its protection: the lease holds while any
     // view of it lives, after close too.
     struct MappingUnderLease {
@@ -82,16 +75,12 @@ bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
 }
 
 void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept {
-  std::vector<std::pair<uint64_t, uint64_t>> kept;
-  leased_.erase(std::remove_if(leased_.begin(), leased_.end(),
-                               [](const Leased& l) { return l.protection.expired(); }),
-                leased_.end());
-  for (const auto& leased : leased_) {
-    auto protection = leased.protection.lock();
-    if (leased.file == file && protection)
-      kept.emplace_back(protection->begin(), protection->end());
+  std::vector<std::pair<uint64_t, uint64_t>> kept;  // in order
+  try {
+    kept = leased_.pages_kept(file, begin, end);
+  } catch (...) {
+    return;  // no memory: the pages stay mapped, which costs memory, never a byte
   }
-  std::sort(kept.begin(), kept.end());
   // Nothing else views the other pages: a later touch would map the file's bytes again. A
   // leased view's pages stay: dropping them would lose an in-place write, or its private copy.
   auto unmap = [&](uint64_t from, uint64_t to) {
