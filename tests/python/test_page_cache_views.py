@@ -5,9 +5,11 @@ changes whatever happens to the file, and a consumer that copies and drops pays 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -159,18 +161,26 @@ def _open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_file_gets_a_lease_descriptor_only_when_a_view_of_it_is_kept(tmp_path, kept_as):
-    # A lease needs a descriptor of its own: taken for every shard at open, a checkpoint of many
-    # shards held two per shard, and growing the descriptor table past its size costs a
-    # threaded process an RCU grace period (10-20 ms, vLLM's tiny model).
+@pytest.fixture
+def small_shards(tmp_path):
+    """12 files of one 16 KiB tensor each: no last tensor large enough to be read owned, so a
+    file's lease is asked for only when a view of it is first kept."""
     torch.manual_seed(34)
     shards = {}
     for i in range(12):
         shards[f"s{i:02d}"] = torch.randn(64, 64)
         reference_save({f"s{i:02d}": shards[f"s{i:02d}"]}, str(tmp_path / f"m{i:02d}.safetensors"))
-    files = sorted(str(p) for p in tmp_path.iterdir())
+    return sorted(str(p) for p in tmp_path.iterdir()), shards
+
+
+def test_a_file_gets_a_lease_descriptor_only_when_a_view_of_it_is_kept(small_shards, kept_as):
+    # A lease needs a descriptor of its own: taken for every shard at open, a checkpoint of many
+    # shards held two per shard, and growing the descriptor table past its size costs a
+    # threaded process an RCU grace period (10-20 ms, vLLM's tiny model).
+    files, shards = small_shards
     with instanttensor.safe_open(files) as f:  # the process's own first-use descriptors
         dict(f.tensors())
+    gc.collect()  # leased views of earlier tests in reference cycles close their leases now
     before = _open_descriptors()
     with instanttensor.safe_open(files, concurrency=2) as f:
         assert _open_descriptors() - before == len(files)
@@ -184,6 +194,39 @@ def test_a_file_gets_a_lease_descriptor_only_when_a_view_of_it_is_kept(tmp_path,
         assert same_bytes(kept["s04"], shards["s04"]) and same_bytes(tensor, shards["s11"])
     del kept, tensor
     assert _open_descriptors() == before
+
+
+def test_a_file_rewritten_during_a_step_is_reported_when_the_pass_moves_on(small_shards, kept_as):
+    # The view is kept (its lease first asked for) after the write: the check that follows the
+    # lease sees the file changed, and the step says so rather than keep the new bytes.
+    files, _ = small_shards
+    with instanttensor.safe_open(files) as f:
+        iteration = f.tensors()
+        _, first = next(iteration)
+        time.sleep(0.05)  # past the filesystem's timestamp tick, so the write shows in mtime
+        _rewrite_in_place(files[0])
+        next(iteration)  # another file's tensor; the loop still binds the first one
+        with pytest.raises(OSError, match="changed since it was opened"):
+            next(iteration)  # the first one kept: its lease asked for, then the check
+
+
+def test_a_forked_child_takes_no_lease_of_its_own(small_shards, kept_as):
+    # The parent asked for no lease before the fork (nothing kept yet): the child's kept views
+    # are copied out, as those of a file the parent leased are (its lease answers the parent).
+    files, shards = small_shards
+    with instanttensor.safe_open(files) as f:
+
+        def child():
+            kept = dict(f.tensors())
+            assert all(same_bytes(kept[n], shards[n]) for n in shards)
+            stats = f.stats()
+            return f"{stats['leased_views']} {stats['materializations']}"
+
+        status, said = in_child(child)
+        assert status == 0 and said == f"0 {len(shards)}", said
+        kept = dict(f.tensors())
+        _expect_kept(f.stats(), kept_as, leased=len(shards), copied=len(shards))
+    assert all(same_bytes(kept[n], shards[n]) for n in shards)
 
 
 @pytest.mark.parametrize("copy", COPIES)

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <utility>
@@ -31,9 +32,13 @@ class LeasedViews {
            const std::shared_ptr<io::ViewProtection>& protection);
   // True when a live leased view shows some of `file`'s bytes [offset, offset + nbytes).
   bool shows_bytes(size_t file, uint64_t offset, uint64_t nbytes);
-  // The page ranges [begin, end) of live leased views of `file` that meet the pages
-  // [begin, end), in order.
-  std::vector<std::pair<uint64_t, uint64_t>> pages_kept(size_t file, uint64_t begin, uint64_t end);
+  // Calls `kept(first, last)` for the page range [first, last) of each live leased view of
+  // `file` that meets the pages [begin, end), in order. Allocates nothing (a pass calls it where
+  // it must not fail).
+  template <typename Kept>
+  void each_kept_page_range(size_t file, uint64_t begin, uint64_t end, Kept kept) {
+    each_meeting(by_file_[file], begin, end, pages, kept);
+  }
   // Drops the entries of views that died; true when any view is still leased.
   bool forget_ended();
 
@@ -45,10 +50,32 @@ class LeasedViews {
     std::weak_ptr<io::ViewProtection> protection;
   };
   using Index = std::map<uint64_t, Entry>;  // by the view's first byte
-  // Calls `met(entry)` for each live entry whose [first, last) per `range` meets [begin, end),
-  // erasing dead ones met on the way.
+  static std::pair<uint64_t, uint64_t> pages(const Index::value_type& e) {
+    return {e.second.pages_begin, e.second.pages_end};
+  }
+  static std::pair<uint64_t, uint64_t> bytes(const Index::value_type& e) {
+    return {e.first, e.second.bytes_end};
+  }
+  // Calls `met(first, last)` for each live entry whose [first, last) per `range` meets
+  // [begin, end), in order, erasing dead ones met on the way.
   template <typename Range, typename Met>
-  void each_meeting(Index& index, uint64_t begin, uint64_t end, Range range, Met met);
+  static void each_meeting(Index& index, uint64_t begin, uint64_t end, Range range, Met met) {
+    // An entry whose first byte is at or past `begin` ends past it; an earlier one reaches into
+    // [begin, end) (a shared page) only through its end, and ends are ordered: step back while
+    // they do.
+    auto it = index.lower_bound(begin);
+    while (it != index.begin() && range(*std::prev(it)).second > begin) --it;
+    while (it != index.end()) {
+      const auto [first, last] = range(*it);
+      if (first >= end) break;
+      if (it->second.protection.expired()) {
+        it = index.erase(it);
+        continue;
+      }
+      if (last > begin) met(first, last);
+      ++it;
+    }
+  }
 
   std::vector<Index> by_file_;
 };

@@ -173,6 +173,9 @@ void PageCacheViews::release_all() noexcept {
 
 void PageCacheViews::abandon_after_fork() {
   read_ahead_->abandon_after_fork();
+  // No lease of the child's own: a file the parent never asked about keeps views copied out, as
+  // one the parent leased does (its lease answers the parent alone).
+  std::fill(lease_asked_.begin(), lease_asked_.end(), true);
   // The reader was the parent's thread: its handle is leaked, and the tail read as a view here.
   if (tail_.reader.joinable()) (void)new std::thread(std::move(tail_.reader));
   tail_ = OwnedTail{};

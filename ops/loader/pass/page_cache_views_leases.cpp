@@ -75,21 +75,15 @@ bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
 }
 
 void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept {
-  std::vector<std::pair<uint64_t, uint64_t>> kept;  // in order
-  try {
-    kept = leased_.pages_kept(file, begin, end);
-  } catch (...) {
-    return;  // no memory: the pages stay mapped, which costs memory, never a byte
-  }
   // Nothing else views the other pages: a later touch would map the file's bytes again. A
   // leased view's pages stay: dropping them would lose an in-place write, or its private copy.
   auto unmap = [&](uint64_t from, uint64_t to) {
     if (to > from) ::madvise(mapping_->data(file) + from, to - from, MADV_DONTNEED);
   };
-  for (auto [kept_begin, kept_end] : kept) {
+  leased_.each_kept_page_range(file, begin, end, [&](uint64_t kept_begin, uint64_t kept_end) {
     unmap(begin, std::min(kept_begin, end));
     begin = std::max(begin, kept_end);
-  }
+  });
   unmap(begin, end);
 }
 
