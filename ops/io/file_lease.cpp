@@ -251,8 +251,6 @@ ViewProtection::ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mappin
                                uint64_t offset, uint64_t nbytes)
     : lease_(std::move(lease)),
       mapping_start_(mapping_start),
-      bytes_begin_(offset),
-      bytes_end_(offset + nbytes),
       begin_(offset / page_size() * page_size()),
       end_(round_up(offset + nbytes, page_size())) {}
 

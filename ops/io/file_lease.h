@@ -79,10 +79,6 @@ class ViewProtection {
   // consumer leaves these alone.
   uint64_t begin() const { return begin_; }
   uint64_t end() const { return end_; }
-  // The tensor's own bytes [first byte, end): another view of them would share them.
-  bool overlaps_bytes(uint64_t offset, uint64_t nbytes) const {
-    return offset < bytes_end_ && bytes_begin_ < offset + nbytes;
-  }
 
  private:
   friend class FileLease;
@@ -91,8 +87,6 @@ class ViewProtection {
 
   std::shared_ptr<FileLease> lease_;
   uint8_t* mapping_start_;
-  uint64_t bytes_begin_;
-  uint64_t bytes_end_;
   uint64_t begin_;
   uint64_t end_;
   bool frozen_ = false;  // under the registry's lock

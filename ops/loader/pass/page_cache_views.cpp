@@ -75,9 +75,7 @@ PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::M
       mapping_(std::move(mapping)),
       leased_(plan.checkpoint->files().size()),
       window_(window) {
-  const size_t files = plan_.checkpoint->files().size();
-  leases_.resize(files);
-  lease_asked_.assign(files, false);
+  leases_.resize(plan_.checkpoint->files().size());
   for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
     const auto& t = plan_.tensor_of_item(item);
     if (t.nbytes > 0) tail_.item = t.nbytes >= kOwnedTailBytes ? item : SIZE_MAX;
@@ -175,7 +173,9 @@ void PageCacheViews::abandon_after_fork() {
   read_ahead_->abandon_after_fork();
   // No lease of the child's own: a file the parent never asked about keeps views copied out, as
   // one the parent leased does (its lease answers the parent alone).
-  std::fill(lease_asked_.begin(), lease_asked_.end(), true);
+  for (auto& lease : leases_) {
+    if (!lease) lease = nullptr;
+  }
   // The reader was the parent's thread: its handle is leaked, and the tail read as a view here.
   if (tail_.reader.joinable()) (void)new std::thread(std::move(tail_.reader));
   tail_ = OwnedTail{};

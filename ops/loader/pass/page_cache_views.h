@@ -130,8 +130,8 @@ class PageCacheViews {
   std::unique_ptr<io::PageCacheReadAhead> read_ahead_;
   std::vector<uint64_t> position_of_item_;  // bytes of the items before it, in pass order
   std::deque<Held> held_;
-  std::vector<std::shared_ptr<io::FileLease>> leases_;  // per file; nullptr: refused or not asked
-  std::vector<bool> lease_asked_;                       // per file: lease_of took it or tried
+  // Per file: nullopt until lease_of asks; then the lease, or nullptr where refused.
+  std::vector<std::optional<std::shared_ptr<io::FileLease>>> leases_;
   LeasedViews leased_;
   bool leased_before_this_pass_ = false;  // a view of an earlier pass may share an item's bytes
   std::vector<uint64_t> dropped_up_to_;   // per file: pages before this offset are unmapped

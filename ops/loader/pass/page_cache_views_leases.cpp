@@ -35,15 +35,14 @@ at::Tensor PageCacheViews::read_owned(size_t item) {
 }
 
 io::FileLease* PageCacheViews::lease_of(size_t file) noexcept {
-  if (!lease_asked_[file]) {
-    lease_asked_[file] = true;
+  if (!leases_[file]) {
     try {
       leases_[file] = io::FileLease::take(plan_.checkpoint->files()[file].fd);
     } catch (...) {
       leases_[file] = nullptr;  // no memory: kept views of this file are copied out
     }
   }
-  return leases_[file].get();
+  return leases_[file]->get();
 }
 
 bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
