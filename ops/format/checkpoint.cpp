@@ -13,13 +13,6 @@ namespace instanttensor::format {
 
 namespace {
 
-int64_t nanoseconds(const struct timespec& at) {
-  return static_cast<int64_t>(at.tv_sec) * 1'000'000'000 + at.tv_nsec;
-}
-
-int64_t mtime_of(const struct stat& st) { return nanoseconds(st.st_mtim); }
-int64_t ctime_of(const struct stat& st) { return nanoseconds(st.st_ctim); }
-
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "directory";
   if (S_ISFIFO(mode)) return "named pipe (FIFO)";
@@ -29,50 +22,29 @@ const char* file_kind(mode_t mode) {
   return "special file";
 }
 
-CheckpointFile open_file(const std::string& path) {
+// Validates the file at `path` through the descriptor `*fd` (the caller's on success; closed on
+// failure).
+CheckpointFile open_file(const std::string& path, int* fd) {
   CheckpointFile file;
   file.path = path;
-  // O_NONBLOCK: opening a named pipe for reading would otherwise wait for a writer forever.
-  do {
-    file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  } while (file.fd < 0 && errno == EINTR);
-  if (file.fd < 0) throw system_error(errno, path, "cannot open");
   struct stat st {};
-  if (::fstat(file.fd, &st) != 0) {
-    int err = errno;
-    ::close(file.fd);
-    throw system_error(err, path, "cannot stat");
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(file.fd);
-    throw Error(ErrorKind::Argument, path, "",
-                std::string("not a regular file: it is a ") + file_kind(st.st_mode));
-  }
-  // A regular file: back to ordinary blocking reads.
-  ::fcntl(file.fd, F_SETFL, ::fcntl(file.fd, F_GETFL) & ~O_NONBLOCK);
-  file.size = static_cast<uint64_t>(st.st_size);
-  file.device = st.st_dev;
-  file.inode = st.st_ino;
-  file.mtime_ns = mtime_of(st);
-  file.ctime_ns = ctime_of(st);
+  *fd = open_for_reading(path, &st);
+  if (*fd < 0) throw system_error(errno, path, "cannot open");
   try {
-    file.header = read_file_header(file.fd, path, file.size);
+    if (!S_ISREG(st.st_mode)) {
+      throw Error(ErrorKind::Argument, path, "",
+                  std::string("not a regular file: it is a ") + file_kind(st.st_mode));
+    }
+    record_identity(file, st);
+    file.header = read_file_header(*fd, path, file.size);
   } catch (...) {
-    ::close(file.fd);
+    ::close(*fd);
     throw;
   }
   return file;
 }
 
 }  // namespace
-
-bool still_at_its_path(const CheckpointFile& file) {
-  struct stat st {};
-  if (::stat(file.path.c_str(), &st) != 0) return false;
-  return st.st_dev == file.device && st.st_ino == file.inode &&
-         static_cast<uint64_t>(st.st_size) == file.size && mtime_of(st) == file.mtime_ns &&
-         ctime_of(st) == file.ctime_ns;
-}
 
 Checkpoint::Checkpoint(std::vector<std::string> paths) {
   if (paths.empty()) throw Error(ErrorKind::Argument, "", "", "no checkpoint files given");
@@ -81,44 +53,41 @@ Checkpoint::Checkpoint(std::vector<std::string> paths) {
     auto dup = *std::adjacent_find(paths.begin(), paths.end());
     throw Error(ErrorKind::Argument, dup, "", "file listed twice");
   }
-  try {
-    files_.reserve(paths.size());
-    for (const auto& path : paths) files_.push_back(open_file(path));
-  } catch (...) {
-    for (auto& file : files_) ::close(file.fd);
-    throw;
+  files_.reserve(paths.size());
+  for (const auto& path : paths) {
+    int fd = -1;
+    files_.push_back(open_file(path, &fd));
+    descriptors_.adopt(files_.size() - 1, fd);
   }
-  try {
-    for (size_t f = 0; f < files_.size(); ++f) {
-      const auto& header = files_[f].header;
-      for (const auto& entry : header.tensors) {
-        auto [it, inserted] = by_name_.emplace(entry.name, tensors_.size());
-        if (!inserted) {
-          throw Error(ErrorKind::Format, files_[f].path, entry.name,
-                      "DuplicateTensorName: also defined in " +
-                          files_[tensors_[it->second].file_index].path);
-        }
-        tensors_.push_back(
-            IndexedTensor{&entry, f, header.data_start() + entry.data_begin, entry.nbytes()});
+  for (size_t f = 0; f < files_.size(); ++f) {
+    const auto& header = files_[f].header;
+    for (const auto& entry : header.tensors) {
+      auto [it, inserted] = by_name_.emplace(entry.name, tensors_.size());
+      if (!inserted) {
+        throw Error(
+            ErrorKind::Format, files_[f].path, entry.name,
+            "DuplicateTensorName: also defined in " + files_[tensors_[it->second].file_index].path);
       }
-      if (header.has_metadata) {
-        has_metadata_ = true;
-        for (const auto& [key, value] : header.metadata) metadata_.emplace(key, value);
-      }
+      tensors_.push_back(
+          IndexedTensor{&entry, f, header.data_start() + entry.data_begin, entry.nbytes()});
     }
-  } catch (...) {
-    for (auto& file : files_) ::close(file.fd);
-    throw;
+    if (header.has_metadata) {
+      has_metadata_ = true;
+      for (const auto& [key, value] : header.metadata) metadata_.emplace(key, value);
+    }
   }
 }
 
 Checkpoint::~Checkpoint() { close_files(); }
 
-void Checkpoint::close_files() {
-  for (auto& file : files_) {
-    if (file.fd >= 0) ::close(file.fd);
-    file.fd = -1;
-  }
+ScopedDescriptor::ScopedDescriptor(const Checkpoint& checkpoint, size_t index)
+    : checkpoint_(checkpoint),
+      index_(index),
+      acquired_here_(!checkpoint.descriptor_in_use(index)),
+      fd_(checkpoint.descriptor(index)) {}
+
+ScopedDescriptor::~ScopedDescriptor() {
+  if (acquired_here_) checkpoint_.release_descriptor(index_);
 }
 
 size_t Checkpoint::index_of(const std::string& name) const {
@@ -138,13 +107,9 @@ void Checkpoint::check_unchanged() const {
 
 void Checkpoint::check_unchanged(size_t file_index, const std::string& tensor) const {
   const auto& file = files_.at(file_index);
-  struct stat st {};
-  if (::fstat(file.fd, &st) != 0) throw system_error(errno, file.path, "cannot stat");
-  if (static_cast<uint64_t>(st.st_size) != file.size || mtime_of(st) != file.mtime_ns) {
-    std::string what =
-        static_cast<uint64_t>(st.st_size) != file.size
-            ? "size " + std::to_string(file.size) + " -> " + std::to_string(st.st_size)
-            : "same size, modified in place";
+  const struct stat st = descriptors_.stat_now(file_index, tensor);
+  std::string what;
+  if (changed_in_place(file, st, &what)) {
     throw Error(ErrorKind::Io, file.path, tensor,
                 "file changed since it was opened (" + what + ")");
   }

@@ -1,7 +1,6 @@
-// The index over the files of one checkpoint: open fds, validated headers, storage order.
+// The index over the files of one checkpoint: validated headers, storage order, and the files'
+// descriptors, opened on demand.
 #pragma once
-
-#include <sys/types.h>
 
 #include <cstdint>
 #include <map>
@@ -9,27 +8,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "format/checkpoint_file.h"
+#include "format/file_descriptors.h"
 #include "format/header.h"
 
 namespace instanttensor::format {
-
-// One open file of a checkpoint. The fd stays open for the Checkpoint's lifetime so a file that
-// is replaced by rename during a load is still read from the inode that was validated.
-struct CheckpointFile {
-  std::string path;
-  int fd = -1;
-  uint64_t size = 0;
-  dev_t device = 0;
-  ino_t inode = 0;
-  int64_t mtime_ns = 0;
-  int64_t ctime_ns = 0;  // status change: set by every write, unlike mtime (touch -r, cp -p)
-  FileHeader header;
-};
-
-// Whether `file`'s path still names the file opened (device, inode), of the size, modification
-// and status-change times it had then (a rewrite, a replacement by rename, a deletion: false). Any
-// thread.
-bool still_at_its_path(const CheckpointFile& file);
 
 // A tensor of the checkpoint, located by file index and absolute byte range in that file.
 struct IndexedTensor {
@@ -42,9 +25,10 @@ struct IndexedTensor {
 
 class Checkpoint {
  public:
-  // Opens (O_RDONLY | O_CLOEXEC) and validates every file; files are sorted by path. Rejects an
-  // empty list, directories, unreadable or malformed files, and a tensor name defined in two
-  // files. Throws Error naming the file; fds opened so far are closed on failure.
+  // Opens (O_RDONLY | O_CLOEXEC) and validates every file in turn; files are sorted by path.
+  // Rejects an empty list, directories, unreadable or malformed files, and a tensor name defined
+  // in two files. Throws Error naming the file. At most FileDescriptors::kIdleKept descriptors
+  // stay open (file_descriptors.h says why).
   explicit Checkpoint(std::vector<std::string> paths);
   ~Checkpoint();
   Checkpoint(const Checkpoint&) = delete;
@@ -63,11 +47,22 @@ class Checkpoint {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool has_metadata() const { return has_metadata_; }
 
-  // Closes every fd; the index stays readable. Reading after this is a caller bug. Idempotent.
-  void close_files();
+  // A buffered descriptor of file `index`, of the very file validated at open, in use until
+  // release_descriptor(index) (FileDescriptors::acquire: opened or checked now, Error(Io) naming
+  // the file when its path no longer names it). Owned here. Any thread.
+  int descriptor(size_t index) const { return descriptors_.acquire(index); }
+  // File `index` is no longer read through its descriptor (FileDescriptors::release). Any
+  // thread.
+  void release_descriptor(size_t index) const { descriptors_.release(index); }
+  bool descriptor_in_use(size_t index) const { return descriptors_.in_use(index); }
 
-  // Re-stats every open fd and throws Error(Io) naming the file when its size or modification
-  // time differs from what was validated at open. Consumer thread.
+  // Closes every descriptor; the index stays readable. A read after this opens again (checked
+  // as above): callers stop the checkpoint's readers first. Idempotent.
+  void close_files() { descriptors_.close_all(); }
+
+  // Throws Error(Io) naming the file when a file's size or modification time differs from what
+  // was validated at open, or (a file not in use) its path no longer names it. Re-stats the
+  // descriptor in use, else the path. Any thread.
   void check_unchanged() const;
   // The same for one file, naming `tensor` in the error: called when a group's reads have landed,
   // so bytes written in place after open (same size, new mtime) are never handed out.
@@ -79,6 +74,26 @@ class Checkpoint {
   std::unordered_map<std::string, size_t> by_name_;
   std::map<std::string, std::string> metadata_;
   bool has_metadata_ = false;
+  mutable FileDescriptors descriptors_{files_};
+};
+
+// A descriptor of one file of `checkpoint` for the scope: the one in use already, else acquired
+// for the scope (checked as Checkpoint::descriptor) and released at its end, so that walking
+// every file (mapping them, probing the page cache) holds one or two at a time.
+class ScopedDescriptor {
+ public:
+  // Throws as Checkpoint::descriptor.
+  ScopedDescriptor(const Checkpoint& checkpoint, size_t index);
+  ~ScopedDescriptor();
+  ScopedDescriptor(const ScopedDescriptor&) = delete;
+  ScopedDescriptor& operator=(const ScopedDescriptor&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  const Checkpoint& checkpoint_;
+  size_t index_;
+  bool acquired_here_;
+  int fd_;
 };
 
 }  // namespace instanttensor::format

@@ -17,18 +17,46 @@ constexpr double kMostlyResident = 0.5;
 IoSetup::IoSetup(const std::vector<std::string>& backend_names,
                  const std::vector<FileToRead>& files)
     : files_(files) {
+  set_up(backend_names);
+}
+
+IoSetup::IoSetup(const std::vector<std::string>& backend_names,
+                 const format::Checkpoint& checkpoint)
+    : checkpoint_(&checkpoint) {
+  for (const auto& file : checkpoint.files()) {
+    files_.push_back(FileToRead{file.path, -1, file.size});
+  }
+  set_up(backend_names);
+}
+
+int IoSetup::read_fd(size_t index) const {
+  return direct_fds_[index] >= 0 ? direct_fds_[index] : buffered_fd(index);
+}
+
+int IoSetup::buffered_fd(size_t index) const {
+  return checkpoint_ ? checkpoint_->descriptor(index) : files_[index].buffered_fd;
+}
+
+void IoSetup::set_up(const std::vector<std::string>& backend_names) {
   bool want_direct = false;
   uint64_t total = 0;
   double resident = 0;
-  for (const auto& file : files) {
-    total += file.size;
-    resident += resident_fraction(file.buffered_fd, file.size) * static_cast<double>(file.size);
+  for (size_t index = 0; index < files_.size(); ++index) {
+    const uint64_t size = files_[index].size;
+    total += size;
+    if (checkpoint_) {
+      format::ScopedDescriptor file(*checkpoint_, index);
+      resident += resident_fraction(file.fd(), size) * static_cast<double>(size);
+    } else {
+      resident += resident_fraction(files_[index].buffered_fd, size) * static_cast<double>(size);
+    }
   }
   mostly_resident_ = total == 0 || resident / static_cast<double>(total) >= kMostlyResident;
   for (const auto& name : backend_names) {
     if (name == "mmap") {
       try {
-        mapping_ = std::make_shared<const MappedFiles>(files);
+        mapping_ = checkpoint_ ? std::make_shared<const MappedFiles>(*checkpoint_)
+                               : std::make_shared<const MappedFiles>(files_);
       } catch (const Error& e) {
         skipped_ += std::string(" mmap (") + e.what() + ")";
         continue;
@@ -43,10 +71,7 @@ IoSetup::IoSetup(const std::vector<std::string>& backend_names,
     }
     break;
   }
-  for (const auto& file : files) {
-    buffered_fds_.push_back(file.buffered_fd);
-    read_fds_.push_back(file.buffered_fd);
-  }
+  direct_fds_.assign(files_.size(), -1);
   if (want_direct) read_direct();
   describe();
 }
@@ -60,7 +85,7 @@ void IoSetup::read_direct() {
       continue;
     }
     owned_fds_.push_back(fd);
-    read_fds_[index] = fd;
+    direct_fds_[index] = fd;
     if (alignment.offset_alignment > alignment_) alignment_ = alignment.offset_alignment;
   }
 }
@@ -82,7 +107,11 @@ void IoSetup::choose_cold_read_method(bool time_them) {
     add_note("auto: buffered, the iteration reads through the page cache");
     return;
   }
-  auto choice = measure_read_methods(files_);
+  // The probe reads the largest file through its buffered descriptor: reads follow it anyway.
+  std::vector<FileToRead> files = files_;
+  for (size_t index = 0; index < files.size(); ++index)
+    files[index].buffered_fd = buffered_fd(index);
+  auto choice = measure_read_methods(files);
   if (choice.direct) {
     read_direct();
     describe();
@@ -95,6 +124,7 @@ IoSetup::~IoSetup() { close(); }
 void IoSetup::close() {
   for (int fd : owned_fds_) ::close(fd);
   owned_fds_.clear();
+  direct_fds_.assign(direct_fds_.size(), -1);
   mapping_.reset();  // views handed out keep their own reference
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "format/checkpoint.h"
 #include "io/mapped_files.h"
 #include "io/read_backend.h"
 
@@ -25,6 +26,11 @@ class IoSetup {
   // O_DIRECT falls back to buffered per file when the filesystem refuses it (tmpfs). Never
   // throws for an unavailable backend: the end of the chain is the buffered pread pool.
   IoSetup(const std::vector<std::string>& backend_names, const std::vector<FileToRead>& files);
+  // The same over `checkpoint`'s files, whose buffered descriptors stay the checkpoint's: opened
+  // when a read first needs them (Checkpoint::descriptor), one at a time while setting up, so
+  // that a setup reading nothing through them (views of the page cache) holds none. The
+  // checkpoint outlives this.
+  IoSetup(const std::vector<std::string>& backend_names, const format::Checkpoint& checkpoint);
   ~IoSetup();
   IoSetup(const IoSetup&) = delete;
   IoSetup& operator=(const IoSetup&) = delete;
@@ -36,8 +42,9 @@ class IoSetup {
   // nothing for any other backend or for cached files; once. Consumer thread.
   void choose_cold_read_method(bool time_them);
 
-  // The fd reads of file `index` go to.
-  int read_fd(size_t index) const { return read_fds_[index]; }
+  // The fd reads of file `index` go to (its O_DIRECT one, else buffered_fd). Throws Error(Io)
+  // naming the file when it has to be opened again and is no longer the file validated.
+  int read_fd(size_t index) const;
   // Reads start and end on multiples of this, and land on addresses aligned to it (1: any).
   uint64_t alignment() const { return alignment_; }
   bool direct() const { return alignment_ > 1; }
@@ -46,8 +53,9 @@ class IoSetup {
   bool mostly_resident() const { return mostly_resident_; }
   // The mapping of every file when the mmap backend was chosen, else nullptr.
   const std::shared_ptr<const MappedFiles>& mapping() const { return mapping_; }
-  // The buffered fd of file `index` (reads that O_DIRECT cannot take: unaligned destinations).
-  int buffered_fd(size_t index) const { return buffered_fds_[index]; }
+  // The buffered fd of file `index` (reads that O_DIRECT cannot take: unaligned destinations):
+  // the caller's, or the checkpoint's (opened now if not held; throws as read_fd).
+  int buffered_fd(size_t index) const;
 
   // Starts the backend the chain chose: io_uring when asked for and available, else the pread
   // pool (or the mapping's copy pool) of `threads` workers; threads == 0 reads inline on the
@@ -67,14 +75,16 @@ class IoSetup {
   void close();
 
  private:
+  // The constructors' common part, after files_ (and checkpoint_) are set.
+  void set_up(const std::vector<std::string>& backend_names);
   // Opens every file O_DIRECT where the filesystem allows it: their reads go there.
   void read_direct();
   // The description from the choices so far: "pread+O_DIRECT (1 file(s) buffered: ...)".
   void describe();
 
-  std::vector<FileToRead> files_;
-  std::vector<int> read_fds_;
-  std::vector<int> buffered_fds_;
+  std::vector<FileToRead> files_;  // buffered_fd -1 where the checkpoint holds the descriptors
+  const format::Checkpoint* checkpoint_ = nullptr;
+  std::vector<int> direct_fds_;  // per file; -1: read buffered
   std::shared_ptr<const MappedFiles> mapping_;
   std::vector<int> owned_fds_;
   uint64_t alignment_ = 1;

@@ -15,16 +15,34 @@ namespace instanttensor::io {
 
 MappedFiles::MappedFiles(const std::vector<FileToRead>& files) {
   files_.reserve(files.size());
-  for (const auto& file : files) {
-    void* map =
-        ::mmap(nullptr, file.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, file.buffered_fd, 0);
-    if (map == MAP_FAILED) {
-      int error = errno;
-      for (const auto& mapped : files_) ::munmap(mapped.data, mapped.size);
-      throw system_error(error, file.path, "cannot map the file");
-    }
-    files_.push_back(File{file.buffered_fd, file.size, static_cast<uint8_t*>(map)});
+  try {
+    for (const auto& file : files) map_one(file.path, file.buffered_fd, file.size);
+  } catch (...) {
+    for (const auto& mapped : files_) ::munmap(mapped.data, mapped.size);
+    throw;
   }
+}
+
+MappedFiles::MappedFiles(const format::Checkpoint& checkpoint) {
+  const auto& files = checkpoint.files();
+  files_.reserve(files.size());
+  try {
+    for (size_t index = 0; index < files.size(); ++index) {
+      format::ScopedDescriptor descriptor(checkpoint, index);
+      map_one(files[index].path, descriptor.fd(), files[index].size);
+    }
+  } catch (...) {
+    for (const auto& mapped : files_) ::munmap(mapped.data, mapped.size);
+    throw;
+  }
+}
+
+void MappedFiles::map_one(const std::string& path, int fd, uint64_t size) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw system_error(errno, path, "cannot map the file");
+  void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (map == MAP_FAILED) throw system_error(errno, path, "cannot map the file");
+  files_.push_back(File{st.st_dev, st.st_ino, size, static_cast<uint8_t*>(map)});
 }
 
 MappedFiles::~MappedFiles() {
@@ -32,9 +50,9 @@ MappedFiles::~MappedFiles() {
   files_.clear();
 }
 
-size_t MappedFiles::index_of_fd(int fd) const {
+size_t MappedFiles::index_of(const struct stat& st) const {
   for (size_t i = 0; i < files_.size(); ++i) {
-    if (files_[i].fd == fd) return i;
+    if (files_[i].device == st.st_dev && files_[i].inode == st.st_ino) return i;
   }
   return kNoFile;
 }
@@ -43,8 +61,13 @@ ReadCompletion copy_from_mapping(const MappedFiles& files, const ReadRequest& re
   auto start = std::chrono::steady_clock::now();
   ReadCompletion done;
   done.tag = request.tag;
-  size_t index = files.index_of_fd(request.fd);
-  if (index == MappedFiles::kNoFile) done.error = EBADF;
+  size_t index = MappedFiles::kNoFile;
+  struct stat st {};
+  if (::fstat(request.fd, &st) != 0) {
+    done.error = errno;
+  } else if ((index = files.index_of(st)) == MappedFiles::kNoFile) {
+    done.error = EBADF;
+  }
   while (done.error == 0 && done.bytes < request.length) {
     uint64_t want = request.length - done.bytes;
     if (int fault = injected_fault(&want)) {
@@ -52,7 +75,6 @@ ReadCompletion copy_from_mapping(const MappedFiles& files, const ReadRequest& re
       done.error = fault;
       break;
     }
-    struct stat st {};
     if (::fstat(request.fd, &st) != 0) {
       done.error = errno;
       break;

@@ -2,11 +2,14 @@
 // copying from the mapping (torch-free).
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "format/checkpoint.h"
 #include "io/read_backend.h"
 
 namespace instanttensor::io {
@@ -22,6 +25,10 @@ class MappedFiles {
   // Maps each file (fds stay owned by the caller; the mapping does not need them afterwards).
   // Throws Error(Io) naming the file when a mapping fails; mappings made so far are undone.
   explicit MappedFiles(const std::vector<FileToRead>& files);
+  // Maps each file of `checkpoint` through a descriptor held for the mapping alone (a scoped
+  // one where the checkpoint held none: the mapping keeps the validated file, not a descriptor).
+  // Throws as above, or Error(Io) when a file is no longer the one validated.
+  explicit MappedFiles(const format::Checkpoint& checkpoint);
   ~MappedFiles();
   MappedFiles(const MappedFiles&) = delete;
   MappedFiles& operator=(const MappedFiles&) = delete;
@@ -29,16 +36,20 @@ class MappedFiles {
   // First byte of file `index` in the mapping (writable: see above).
   uint8_t* data(size_t index) const { return files_[index].data; }
   uint64_t size(size_t index) const { return files_[index].size; }
-  // The file read through `fd` (the caller's buffered fd), or nullptr.
-  size_t index_of_fd(int fd) const;
+  // The file mapped that `st` (an fstat of a descriptor) describes, by device and inode (a
+  // descriptor's number may name another file later), or kNoFile.
+  size_t index_of(const struct stat& st) const;
   static constexpr size_t kNoFile = static_cast<size_t>(-1);
 
  private:
   struct File {
-    int fd = -1;
+    dev_t device = 0;
+    ino_t inode = 0;
     uint64_t size = 0;
     uint8_t* data = nullptr;
   };
+  // Maps the file `fd` reads (of `size` bytes), or throws Error(Io) naming `path`.
+  void map_one(const std::string& path, int fd, uint64_t size);
   std::vector<File> files_;
 };
 

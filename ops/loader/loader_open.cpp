@@ -76,11 +76,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
 }
 
 void Loader::open_io() {
-  std::vector<io::FileToRead> files_to_read;
-  for (const auto& file : plan_.checkpoint->files()) {
-    files_to_read.push_back(io::FileToRead{file.path, file.fd, file.size});
-  }
-  io_ = std::make_unique<io::IoSetup>(options_.backends, files_to_read);
+  io_ = std::make_unique<io::IoSetup>(options_.backends, *plan_.checkpoint);
 }
 
 void Loader::settle_read_method() {
@@ -185,11 +181,11 @@ std::unique_ptr<loader::ExchangeProtocol> Loader::open_exchange(
   layout.staged = plan_.mode.staged;
   layout.device_type = static_cast<int>(options_.device.type());
   layout.exchange = options_.exchange;
-  std::vector<int> fds;
-  for (const auto& file : plan_.checkpoint->files()) fds.push_back(file.fd);
+  std::vector<loader::FileIdentity> files;
+  for (const auto& file : plan_.checkpoint->files()) files.push_back({file.device, file.inode});
   return std::make_unique<loader::ExchangeProtocol>(
       options_.process_group, options_.device,
-      loader::layout_digest(*plan_.checkpoint, selected, layout), loader::host_identity(fds),
+      loader::layout_digest(*plan_.checkpoint, selected, layout), loader::host_identity(files),
       plan_.device_budget, plan_.first_path());
 }
 

@@ -521,6 +521,64 @@ TEST(ParsedCheckpoint, TheNextOpenTakesItOnlyForTheSameUnchangedFiles) {
   EXPECT_NE(format::take_kept_checkpoint(paths), nullptr);
 }
 
+TEST(CheckpointDescriptors, ManyFilesHoldFewAndAReplacedFileIsRefusedUntilItIsRead) {
+  TempDir dir;
+  std::string four(4, 'x');
+  std::vector<std::string> paths;
+  for (int i = 0; i < 6; ++i) {
+    paths.push_back(dir.file("m" + std::to_string(i) + ".safetensors"));
+    format::write_safetensors(
+        paths.back(), {writer_tensor("t" + std::to_string(i), Dtype::F32, {1}, four)}, nullptr);
+  }
+  const int before = testing::open_fd_count();
+  format::Checkpoint checkpoint(paths);
+  const auto kept = static_cast<int>(format::FileDescriptors::kIdleKept);
+  EXPECT_EQ(testing::open_fd_count() - before, kept);  // validated one at a time
+  std::vector<int> in_use;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const int fd = checkpoint.descriptor(i);
+    EXPECT_EQ(checkpoint.descriptor(i), fd);  // the one in use again
+    struct stat st {};
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_ino, checkpoint.files()[i].inode);
+    checkpoint.release_descriptor(i);
+    EXPECT_FALSE(checkpoint.descriptor_in_use(i));
+    EXPECT_LE(testing::open_fd_count() - before, kept + 1);
+  }
+  EXPECT_EQ(testing::open_fd_count() - before, kept);
+
+  // In use: a replacement by rename does not reach it (reads go to the inode validated).
+  const int first = checkpoint.descriptor(0);
+  const std::string replacement = dir.file("replacement");
+  format::write_safetensors(replacement, {writer_tensor("t0", Dtype::F32, {1}, "yyyy")}, nullptr);
+  ASSERT_EQ(::rename(replacement.c_str(), paths[0].c_str()), 0);
+  EXPECT_EQ(checkpoint.descriptor(0), first);
+  EXPECT_NO_THROW(checkpoint.check_unchanged(0, "t0"));
+  checkpoint.release_descriptor(0);
+  // Not in use, idle or closed: the path names another file now, so it is refused.
+  for (size_t i : {size_t{0}, size_t{1}}) {
+    if (i == 1) {
+      format::write_safetensors(replacement, {writer_tensor("t1", Dtype::F32, {1}, "zzzz")},
+                                nullptr);
+      ASSERT_EQ(::rename(replacement.c_str(), paths[1].c_str()), 0);
+    }
+    try {
+      checkpoint.descriptor(i);
+      ADD_FAILURE() << "a replaced file was handed out: " << paths[i];
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Io);
+      EXPECT_NE(std::string(e.what()).find(paths[i]), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(checkpoint.check_unchanged(i, "t"), Error);
+  }
+  // Deleted: refused, naming it.
+  ASSERT_EQ(::unlink(paths[2].c_str()), 0);
+  EXPECT_THROW(checkpoint.descriptor(2), Error);
+  EXPECT_TRUE(checkpoint.descriptor(3) >= 0);
+  checkpoint.close_files();
+  EXPECT_EQ(testing::open_fd_count(), before);
+}
+
 TEST(CheckpointIndex, FileErrorsCarryKindAndNameAndLeakNoFd) {
   TempDir dir;
   int fds = testing::open_fd_count();

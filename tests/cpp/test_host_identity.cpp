@@ -1,7 +1,7 @@
 // Host identities (loader/exchange/host_identity.h): equal for one kernel and the same files,
 // different for copies of the files, overridable in tests; and the topology each rank derives.
-#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -19,36 +19,35 @@ std::string write_file(const std::string& name) {
   return path;
 }
 
+// The identity of the file at `path`, as a checkpoint records it when it validates the file.
+FileIdentity identity_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return FileIdentity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
 TEST(HostIdentity, TheSameFilesOnOneKernelAgreeAndCopiesDiffer) {
   std::string a = write_file("a");
   std::string copy = write_file("copy");
-  int fd_a = ::open(a.c_str(), O_RDONLY);
-  int fd_a_again = ::open(a.c_str(), O_RDONLY);  // another open of the same inode
-  int fd_copy = ::open(copy.c_str(), O_RDONLY);
-  ASSERT_GE(fd_a, 0);
-  ASSERT_GE(fd_copy, 0);
-  EXPECT_EQ(host_identity({fd_a}), host_identity({fd_a_again}));
-  EXPECT_NE(host_identity({fd_a}), host_identity({fd_copy}));
-  EXPECT_NE(host_identity({fd_a}), host_identity({fd_a, fd_copy}));
-  ::close(fd_a);
-  ::close(fd_a_again);
-  ::close(fd_copy);
+  const std::string a_again = ::testing::TempDir() + "/host_identity_a_link";
+  ::unlink(a_again.c_str());
+  ASSERT_EQ(::link(a.c_str(), a_again.c_str()), 0);  // another name of the same inode
+  EXPECT_EQ(host_identity({identity_of(a)}), host_identity({identity_of(a_again)}));
+  EXPECT_NE(host_identity({identity_of(a)}), host_identity({identity_of(copy)}));
+  EXPECT_NE(host_identity({identity_of(a)}), host_identity({identity_of(a), identity_of(copy)}));
 }
 
 TEST(HostIdentity, TheTestingOverrideNamesAHost) {
-  std::string a = write_file("override");
-  int fd = ::open(a.c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  const uint64_t real = host_identity({fd});
+  const FileIdentity file = identity_of(write_file("override"));
+  const uint64_t real = host_identity({file});
   ::setenv("INSTANTTENSOR_TESTING_HOST_ID", "host-a", 1);
-  const uint64_t host_a = host_identity({fd});
+  const uint64_t host_a = host_identity({file});
   ::setenv("INSTANTTENSOR_TESTING_HOST_ID", "host-b", 1);
-  const uint64_t host_b = host_identity({fd});
+  const uint64_t host_b = host_identity({file});
   ::unsetenv("INSTANTTENSOR_TESTING_HOST_ID");
   EXPECT_NE(host_a, host_b);
   EXPECT_NE(host_a, real);
-  EXPECT_EQ(host_identity({fd}), real);
-  ::close(fd);
+  EXPECT_EQ(host_identity({file}), real);
 }
 
 TEST(HostTopology, CountsTheRanksOfThisHostAndTheHosts) {

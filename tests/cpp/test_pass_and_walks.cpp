@@ -86,10 +86,7 @@ std::unique_ptr<Parts> compose(const std::string& path, plan::LoadModeInputs in,
   auto parts = std::make_unique<Parts>();
   PassPlan& plan = parts->plan;
   plan.checkpoint = std::make_unique<format::Checkpoint>(std::vector<std::string>{path});
-  std::vector<io::FileToRead> files;
-  for (const auto& file : plan.checkpoint->files())
-    files.push_back({file.path, file.fd, file.size});
-  parts->io = std::make_unique<io::IoSetup>(std::vector<std::string>{backend}, files);
+  parts->io = std::make_unique<io::IoSetup>(std::vector<std::string>{backend}, *plan.checkpoint);
   plan.io_alignment = parts->io->alignment();
   plan.ring_alignment = std::max<uint64_t>(64, plan.io_alignment);
   in.mapping_backend = parts->io->mapping() != nullptr;

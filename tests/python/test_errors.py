@@ -163,13 +163,39 @@ def test_file_extended_after_open_is_reported(model_files):
     f.close()
 
 
-def test_file_replaced_by_rename_keeps_serving_the_validated_file(model_files, tmp_path):
+def test_file_replaced_by_rename_before_it_is_read_is_refused(model_files, tmp_path):
+    # A checkpoint holds descriptors only for the files being read (format/file_descriptors.h):
+    # a file whose path names another one when its reading begins is refused, never mixed in.
+    paths, tensors = model_files
+    replacement = tmp_path / "replacement.safetensors"
+    instanttensor.save_file({"lm_head.weight": torch.zeros(3)}, str(replacement))
+    with instanttensor.safe_open(paths) as f:
+        iteration = f.tensors()
+        loaded = dict([next(iteration)])  # the pass has begun in the first file
+        os.replace(replacement, paths[1])
+        with pytest.raises(OSError, match="changed since it was opened") as info:
+            for name, tensor in iteration:
+                loaded[name] = tensor.clone()
+        assert paths[1] in str(info.value)
+        with pytest.raises(OSError, match="changed since it was opened"):
+            dict(f.tensors())  # a new pass is refused before it begins
+    first_file = [name for name in tensors if name == "embed.weight" or
+                  (name.startswith("layers.") and int(name.split(".")[1]) < 4)]
+    assert sorted(loaded) == sorted(first_file)
+    assert all(torch.equal(loaded[name], tensors[name]) for name in loaded)
+
+
+def test_file_replaced_by_rename_while_it_is_read_keeps_serving_the_validated_file(model_files,
+                                                                                  tmp_path):
     paths, tensors = model_files
     with instanttensor.safe_open(paths) as f:
+        iteration = f.tensors()
+        loaded = dict([next(iteration)])  # the first file's reading has begun
         replacement = tmp_path / "replacement.safetensors"
         instanttensor.save_file({"embed.weight": torch.zeros(3)}, str(replacement))
-        os.replace(replacement, paths[0])  # the open fd still names the original inode
-        loaded = dict(f.tensors())
+        os.replace(replacement, paths[0])  # its descriptor still names the original inode
+        loaded.update(iteration)
+    assert loaded.keys() == tensors.keys()
     for name, tensor in tensors.items():
         assert torch.equal(loaded[name], tensor)
 

@@ -1,7 +1,5 @@
 #include "loader/exchange/host_identity.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -22,7 +20,7 @@ constexpr uint64_t kFnvBasis = 1469598103934665603ull;
 
 }  // namespace
 
-uint64_t host_identity(const std::vector<int>& fds) {
+uint64_t host_identity(const std::vector<FileIdentity>& files) {
 #ifdef INSTANTTENSOR_TESTING_HOOKS
   if (const char* testing = std::getenv("INSTANTTENSOR_TESTING_HOST_ID")) {
     return fnv1a(kFnvBasis, testing, std::char_traits<char>::length(testing));
@@ -31,13 +29,9 @@ uint64_t host_identity(const std::vector<int>& fds) {
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
   uint64_t hash = fnv1a(kFnvBasis, boot_id.data(), boot_id.size());
-  for (int fd : fds) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) continue;  // the opening already checked the fd; never here
-    uint64_t device = st.st_dev;
-    uint64_t inode = st.st_ino;
-    hash = fnv1a(hash, &device, sizeof(device));
-    hash = fnv1a(hash, &inode, sizeof(inode));
+  for (const auto& file : files) {
+    hash = fnv1a(hash, &file.device, sizeof(file.device));
+    hash = fnv1a(hash, &file.inode, sizeof(file.inode));
   }
   return hash;
 }

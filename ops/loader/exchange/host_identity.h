@@ -8,17 +8,23 @@
 
 namespace instanttensor::loader {
 
+// Where a file lives: its device and inode numbers (as the checkpoint validated them at open).
+struct FileIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+};
+
 // A digest of the kernel's boot id (/proc/sys/kernel/random/boot_id: one per running kernel,
 // shared by every container on it, new at each boot) and the device and inode numbers of each
-// of `fds` (the checkpoint's open files). The page cache belongs to a kernel and is indexed by
+// of `files` (the checkpoint's). The page cache belongs to a kernel and is indexed by
 // inode, so two processes get equal identities exactly when they run on one kernel and opened
 // the same files, not copies of them: two containers bind-mounting one folder agree; two
 // machines, or two copies of the files, do not. (A hostname would make two containers on one
 // machine differ though they share its cache, and says nothing about which files they see.)
 // Test-only, in a library built with INSTANTTENSOR_TESTING_HOOKS:
 // INSTANTTENSOR_TESTING_HOST_ID=<text> replaces the identity with a digest of the text, so a test
-// on one machine can play several hosts. Any thread; reads /proc and fstat.
-uint64_t host_identity(const std::vector<int>& fds);
+// on one machine can play several hosts. Any thread; reads /proc.
+uint64_t host_identity(const std::vector<FileIdentity>& files);
 
 // From every rank's identity (index: rank), what `rank` shares: how many ranks (itself
 // included) have its identity, and how many distinct identities there are. Pure.

@@ -60,11 +60,7 @@ void copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
 }  // namespace
 
 std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& checkpoint) {
-  std::vector<io::FileToRead> files;
-  for (const auto& file : checkpoint.files()) {
-    files.push_back(io::FileToRead{file.path, file.fd, file.size});
-  }
-  return std::make_shared<const io::MappedFiles>(files);
+  return std::make_shared<const io::MappedFiles>(checkpoint);
 }
 
 PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
@@ -147,6 +143,9 @@ at::Tensor PageCacheViews::hand_out(size_t item) {
     if (auto owned = take_tail()) return *owned;
   }
   if (shown_by_a_leased_view(item)) return read_owned(item);
+  // Held while a view of the file may be checked: a file deleted or truncated meanwhile is then
+  // still measured (make_owned) and leased through the inode validated, not its path.
+  (void)plan_.checkpoint->descriptor(t.file_index);
   auto spec = factory_.spec(t);
   auto storage = factory_.mapped(mapping_, t, 0, t.nbytes);
   stats_.bytes_read += t.nbytes;
@@ -220,8 +219,16 @@ bool PageCacheViews::make_owned(const Held& held, std::optional<Error>& changed)
                         e.what() + ")");
   }
   // Touching mapped pages past the file's end raises SIGBUS: copy what the file still has.
+  // (Its descriptor is held from hand_out until its views are checked: this is no reopen.)
   struct stat st {};
-  uint64_t size_now = ::fstat(file.fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  uint64_t size_now = 0;
+  try {
+    if (::fstat(plan_.checkpoint->descriptor(t.file_index), &st) == 0) {
+      size_now = static_cast<uint64_t>(st.st_size);
+    }
+  } catch (const Error&) {
+    // Never held (a bug) and no longer the file validated: nothing of it is safe to touch.
+  }
   uint64_t available = size_now > t.file_offset ? std::min(nbytes, size_now - t.file_offset) : 0;
   try {
     // Fresh pages filled as they are allocated (io/untouched_pages.h), two threads at once: a
@@ -268,9 +275,17 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
     begin = end;
   };
   for (size_t file = 0; file < std::min(up_to_file, dropped_up_to_.size()); ++file) {
+    if (dropped_up_to_[file] >= mapping_->size(file)) continue;  // behind since an earlier step
     drop(file, mapping_->size(file));
+    release_descriptor(file);
   }
   if (up_to_file < dropped_up_to_.size()) drop(up_to_file, up_to_offset);
+}
+
+void PageCacheViews::release_descriptor(size_t file) noexcept {
+  // The tail's reader reads through it until joined.
+  if (tail_.reader.joinable() && plan_.tensor_of_item(tail_.item).file_index == file) return;
+  plan_.checkpoint->release_descriptor(file);
 }
 
 void PageCacheViews::start_tail_read() noexcept {
@@ -282,7 +297,7 @@ void PageCacheViews::start_tail_read() noexcept {
     std::shared_ptr<uint8_t> memory = io::map_untouched_pages(t.nbytes);
     uint8_t* to = memory.get();
     tail_.data = data_kept_by(to, std::shared_ptr<const void>(std::move(memory)));
-    const int fd = plan_.checkpoint->files()[t.file_index].fd;
+    const int fd = plan_.checkpoint->descriptor(t.file_index);
     // Buffered preads, never the mapping: a file truncated meanwhile is a short read here.
     tail_.reader = std::thread([this, fd, to, offset = t.file_offset, nbytes = t.nbytes] {
       auto read = io::read_into_untouched_pages(fd, offset, to, nbytes);
@@ -317,6 +332,10 @@ void PageCacheViews::stop_tail() noexcept {
   if (tail_.reader.joinable()) tail_.reader.join();
   tail_.started = tail_.complete = false;
   tail_.data.clear();
+  // The pass had moved past the tail's file, or never reached it.
+  if (tail_.item != SIZE_MAX && held_.empty()) {
+    plan_.checkpoint->release_descriptor(plan_.tensor_of_item(tail_.item).file_index);
+  }
 }
 
 }  // namespace instanttensor::loader

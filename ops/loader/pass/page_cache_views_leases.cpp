@@ -25,7 +25,8 @@ at::Tensor PageCacheViews::read_owned(size_t item) {
   const auto& file = plan_.checkpoint->files()[t.file_index];
   std::shared_ptr<uint8_t> memory = io::map_untouched_pages(t.nbytes);
   uint8_t* to = memory.get();
-  auto read = io::read_into_untouched_pages(file.fd, t.file_offset, to, t.nbytes);
+  const int fd = plan_.checkpoint->descriptor(t.file_index);
+  auto read = io::read_into_untouched_pages(fd, t.file_offset, to, t.nbytes);
   if (read.bytes != t.nbytes) {
     throw Error(ErrorKind::Io, file.path, t.name(),
                 read.error ? std::string("read failed: ") + std::strerror(read.error)
@@ -37,9 +38,10 @@ at::Tensor PageCacheViews::read_owned(size_t item) {
 io::FileLease* PageCacheViews::lease_of(size_t file) noexcept {
   if (!leases_[file]) {
     try {
-      leases_[file] = io::FileLease::take(plan_.checkpoint->files()[file].fd);
+      leases_[file] = io::FileLease::take(plan_.checkpoint->descriptor(file));
     } catch (...) {
-      leases_[file] = nullptr;  // no memory: kept views of this file are copied out
+      // No memory, or the file is no longer the one validated: kept views of it are copied out.
+      leases_[file] = nullptr;
     }
   }
   return leases_[file]->get();

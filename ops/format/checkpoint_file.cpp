@@ -1,0 +1,66 @@
+#include "format/checkpoint_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace instanttensor::format {
+
+namespace {
+
+int64_t nanoseconds(const struct timespec& at) {
+  return static_cast<int64_t>(at.tv_sec) * 1'000'000'000 + at.tv_nsec;
+}
+
+}  // namespace
+
+void record_identity(CheckpointFile& file, const struct stat& st) {
+  file.size = static_cast<uint64_t>(st.st_size);
+  file.device = st.st_dev;
+  file.inode = st.st_ino;
+  file.mtime_ns = nanoseconds(st.st_mtim);
+  file.ctime_ns = nanoseconds(st.st_ctim);
+}
+
+bool same_file(const CheckpointFile& file, const struct stat& st) {
+  return st.st_dev == file.device && st.st_ino == file.inode &&
+         static_cast<uint64_t>(st.st_size) == file.size &&
+         nanoseconds(st.st_mtim) == file.mtime_ns && nanoseconds(st.st_ctim) == file.ctime_ns;
+}
+
+bool still_at_its_path(const CheckpointFile& file) {
+  struct stat st {};
+  return ::stat(file.path.c_str(), &st) == 0 && same_file(file, st);
+}
+
+bool changed_in_place(const CheckpointFile& file, const struct stat& st, std::string* what) {
+  if (static_cast<uint64_t>(st.st_size) != file.size) {
+    *what = "size " + std::to_string(file.size) + " -> " + std::to_string(st.st_size);
+    return true;
+  }
+  if (nanoseconds(st.st_mtim) != file.mtime_ns) {
+    *what = "same size, modified in place";
+    return true;
+  }
+  return false;
+}
+
+int open_for_reading(const std::string& path, struct stat* st) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return -1;
+  if (::fstat(fd, st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    errno = error;
+    return -1;
+  }
+  // A regular file: back to ordinary blocking reads (anything else is refused by the caller).
+  if (S_ISREG(st->st_mode)) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+}  // namespace instanttensor::format

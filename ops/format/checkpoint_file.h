@@ -1,0 +1,49 @@
+// One file of a checkpoint as validated when it was opened, and how to tell it is still that
+// file. Torch-free.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "format/header.h"
+
+namespace instanttensor::format {
+
+// One file of a checkpoint, as validated when it was opened. Its descriptor belongs to the
+// Checkpoint's FileDescriptors: a checkpoint of many shards holds one only for files being read.
+struct CheckpointFile {
+  std::string path;
+  uint64_t size = 0;
+  dev_t device = 0;
+  ino_t inode = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;  // status change: set by every write, unlike mtime (touch -r, cp -p)
+  FileHeader header;
+};
+
+// Records `st` (the fstat of the descriptor `file` is validated through) as what `file` is.
+void record_identity(CheckpointFile& file, const struct stat& st);
+
+// Whether `st` (a stat of some file) is `file` as validated: device, inode, size, modification
+// and status-change times. Pure.
+bool same_file(const CheckpointFile& file, const struct stat& st);
+
+// Whether `file`'s path still names the file opened (a rewrite, a replacement by rename, a
+// deletion: false). Any thread.
+bool still_at_its_path(const CheckpointFile& file);
+
+// Whether `st` differs from `file` in size or modification time (an in-place change of the file
+// validated, seen through a descriptor of it); `what` then says how ("size 10 -> 12", "same
+// size, modified in place"). Pure.
+bool changed_in_place(const CheckpointFile& file, const struct stat& st, std::string* what);
+
+// Opens `path` O_RDONLY | O_CLOEXEC for reading and fstats it into `st`; -1 with errno on
+// failure (nothing left open). O_NONBLOCK while opening, so that a named pipe put at the path
+// does not wait for a writer forever; a regular file is then read blocking, as usual. The caller
+// owns the descriptor. Any thread.
+int open_for_reading(const std::string& path, struct stat* st);
+
+}  // namespace instanttensor::format

@@ -1,0 +1,73 @@
+// The descriptors of a checkpoint's files: opened when a reader needs one, each checked to be the
+// file validated at open, and closed again once nobody reads it, so that a checkpoint of many
+// shards never holds one descriptor per shard at once. Torch-free.
+//
+// Why: a process whose descriptor table grows (past 64, 256, ...) while it runs several threads
+// waits an RCU grace period inside the kernel. vLLM's worker holds about 57 descriptors when it
+// loads: twelve shards held at once crossed 64 and cost 10-30 ms, a tiny model's whole load
+// (benchmarks/README.md). safetensors holds one file at a time.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "format/checkpoint_file.h"
+
+namespace instanttensor::format {
+
+class FileDescriptors {
+ public:
+  // Over `files` (a vector that outlives this; read by index, so it may still grow while the
+  // files are validated).
+  explicit FileDescriptors(const std::vector<CheckpointFile>& files);
+  ~FileDescriptors();
+  FileDescriptors(const FileDescriptors&) = delete;
+  FileDescriptors& operator=(const FileDescriptors&) = delete;
+
+  // Takes over `fd`, the descriptor file `index` was validated through, as idle (see below).
+  void adopt(size_t index, int fd);
+
+  // A descriptor of file `index`, in use until release(index): the one in use already, or an
+  // idle one kept from an earlier use, or one opened now by the file's path. Unless it was in
+  // use already, the path is checked to still name the file validated (device, inode, size,
+  // times): otherwise Error(Io) naming the file (replaced by rename, rewritten, deleted), and
+  // the file is never read. Once in use, a replacement by rename no longer reaches the reads
+  // (they go to the inode validated). Owned here: callers never close it. Any thread.
+  int acquire(size_t index);
+  // File `index` is no longer read through its descriptor (the caller knows no read through it
+  // is in flight or will start; its number may name another file afterwards). It stays open,
+  // idle, while it is among the last kIdleKept released, so that a small checkpoint opens each
+  // file once. Any thread.
+  void release(size_t index);
+  bool in_use(size_t index) const;
+  // Closes every descriptor. A later acquire opens again (checked). Idempotent; any thread.
+  void close_all();
+
+  // How file `index` is now: an fstat of its descriptor in use, else a stat of its path; in the
+  // latter case Error(Io) naming the file and `tensor` when the path names another file or
+  // none. Any thread.
+  struct stat stat_now(size_t index, const std::string& tensor) const;
+
+  // Idle descriptors kept open: a one- or two-file checkpoint (or the current and next shards)
+  // opens each file once in all; more would grow the table again.
+  static constexpr size_t kIdleKept = 2;
+
+ private:
+  // Closes the idle descriptors beyond kIdleKept, oldest first. Under mutex_.
+  void trim_idle();
+  // Error(Io) naming file `index`: the path names another file or none.
+  [[noreturn]] void throw_replaced(size_t index, const std::string& tensor, int error) const;
+
+  const std::vector<CheckpointFile>& files_;
+  mutable std::mutex mutex_;
+  std::vector<int> fds_;      // per file; -1: closed
+  std::vector<bool> in_use_;  // per file: acquired and not released
+  std::deque<size_t> idle_;   // files with an open descriptor not in use, oldest first
+};
+
+}  // namespace instanttensor::format
