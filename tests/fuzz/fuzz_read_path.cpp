@@ -42,7 +42,7 @@ void read_and_compare(const instanttensor::format::Checkpoint& checkpoint,
     uint8_t* dest = buffers.back().data();
     landings.push_back({group.file_offset, group.length, dest + range.prefix});
     for (const auto& piece : plan::split_into_pieces(range, 4 * alignment)) {
-      backend->submit(io::ReadRequest{checkpoint.files()[0].fd, range.begin + piece.offset,
+      backend->submit(io::ReadRequest{checkpoint.descriptor(0), range.begin + piece.offset,
                                       piece.length, dest + piece.offset, 0, piece.required});
     }
   }
