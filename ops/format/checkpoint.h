@@ -27,7 +27,7 @@ class Checkpoint {
  public:
   // Opens (O_RDONLY | O_CLOEXEC) and validates every file in turn; files are sorted by path.
   // Rejects an empty list, directories, unreadable or malformed files, and a tensor name defined
-  // in two files. Throws Error naming the file. At most FileDescriptors::kIdleKept descriptors
+  // in two files. Throws Error naming the file. At most FileDescriptors::kOpenKept descriptors
   // stay open (file_descriptors.h says why).
   explicit Checkpoint(std::vector<std::string> paths);
   ~Checkpoint();

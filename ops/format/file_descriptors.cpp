@@ -49,6 +49,8 @@ int FileDescriptors::acquire(size_t index) {
     fds_[index] = fd;
   }
   in_use_[index] = true;
+  in_use_count_ += 1;
+  trim_idle();
   return fds_[index];
 }
 
@@ -56,6 +58,7 @@ void FileDescriptors::release(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (index >= fds_.size() || !in_use_[index]) return;
   in_use_[index] = false;
+  in_use_count_ -= 1;
   idle_.push_back(index);
   trim_idle();
 }
@@ -72,6 +75,7 @@ void FileDescriptors::close_all() {
     fd = -1;
   }
   std::fill(in_use_.begin(), in_use_.end(), false);
+  in_use_count_ = 0;
   idle_.clear();
 }
 
@@ -89,7 +93,7 @@ struct stat FileDescriptors::stat_now(size_t index, const std::string& tensor) c
 }
 
 void FileDescriptors::trim_idle() {
-  while (idle_.size() > kIdleKept) {
+  while (!idle_.empty() && idle_.size() + in_use_count_ > kOpenKept) {
     int& fd = fds_[idle_.front()];
     ::close(fd);
     fd = -1;

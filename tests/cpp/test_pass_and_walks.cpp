@@ -300,8 +300,11 @@ TEST(ViewPass, AViewKeptPastItsStepStaysAViewUnderALeaseUntilAWriterComes) {
     ::close(fd);
     if (!leases) GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
   }
+  // Its tensors are small: leased all the same (by default they would be copied out).
+  ::setenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES", "0", 1);
   ViewPass pass(parts->plan, map_for_views(*parts->plan.checkpoint), parts->memory->factory(),
                 parts->stats, parts->plan.memory.buffer_size, 0);
+  ::unsetenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES");
   AloneWalk walk(pass);
   at::Tensor kept = walk.next()->second;  // t0, kept
   const void* view = kept.data_ptr();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -27,6 +28,22 @@ constexpr int64_t kCopyGrain = 4 << 20;
 // which would copy it then, on the consumer's time (the 262 MB lm_head of a 1 GB model: 0.12-0.4
 // s of a 0.2 s warm load). Under a lease it stays a view like any kept one.
 constexpr uint64_t kOwnedTailBytes = 1ull << 20;
+// A kept view smaller than this is copied rather than leased: the copy costs 0.1-0.3 ms at most,
+// while a lease costs a descriptor of its own, and a process whose descriptor table grows while
+// it runs threads waits an RCU grace period. vLLM's loader holds a view for a step past its own
+// at each group of weights (itertools.groupby reads ahead): in a tiny model of 12 shards, four
+// leases of 128-256 KiB views crossed 64 descriptors, a 14 ms step of a 20-30 ms load.
+constexpr uint64_t kLeasedViewMinBytes = 1ull << 20;
+
+uint64_t leased_view_min_bytes() {
+#ifdef INSTANTTENSOR_TESTING_HOOKS
+  // Tests keep small views to exercise leases on small files.
+  if (const char* testing = std::getenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES")) {
+    return std::strtoull(testing, nullptr, 10);
+  }
+#endif
+  return kLeasedViewMinBytes;
+}
 
 // Copies `nbytes` of `from` (a view of the mapping, as the consumer may have written it) into
 // `to`, memory from io::map_untouched_pages: whole pages placed by userfaultfd on torch's
@@ -70,7 +87,8 @@ PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::M
       stats_(stats),
       mapping_(std::move(mapping)),
       leased_(plan.checkpoint->files().size()),
-      window_(window) {
+      window_(window),
+      leased_view_min_bytes_(leased_view_min_bytes()) {
   leases_.resize(plan_.checkpoint->files().size());
   for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
     const auto& t = plan_.tensor_of_item(item);

@@ -48,6 +48,7 @@ io::FileLease* PageCacheViews::lease_of(size_t file) noexcept {
 }
 
 bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
+  if (held.storage->nbytes() < leased_view_min_bytes_) return false;
   const auto& t = plan_.tensor_of_item(held.item);
   io::FileLease* lease = lease_of(t.file_index);
   if (!lease) return false;
