@@ -223,6 +223,21 @@ def test_a_small_kept_view_is_copied_out_and_takes_no_lease(small_shards, monkey
     assert same_bytes(kept["s04"], shards["s04"])
 
 
+def test_small_views_kept_together_share_their_file_s_lease(tmp_path, kept_as):
+    # A consumer that keeps every small tensor (load_file) takes one lease for the file from its
+    # second kept view on: the first is copied out, the rest stay views.
+    torch.manual_seed(35)
+    tensors = {f"w{i}": torch.randn(4096) for i in range(4)}
+    path = str(tmp_path / "small.safetensors")
+    reference_save(tensors, path)
+    with instanttensor.safe_open(path) as f:
+        kept = dict(f.tensors())
+        expected = (3, 1) if kept_as == "leased" else (0, 4)
+        assert (f.stats()["leased_views"], f.stats()["materializations"]) == expected
+    for name, tensor in tensors.items():
+        assert same_bytes(kept[name], tensor)
+
+
 def test_a_file_rewritten_during_a_step_is_reported_when_the_pass_moves_on(small_shards, kept_as):
     # The view is kept (its lease first asked for) after the write: the check that follows the
     # lease sees the file changed, and the step says so rather than keep the new bytes.

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -74,6 +75,14 @@ void copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
   }
 }
 
+// `nbytes` of heap memory on a 64-byte boundary (torch's CPU alignment); std::bad_alloc if none.
+std::shared_ptr<uint8_t> heap_bytes(uint64_t nbytes) {
+  const uint64_t size = std::max<uint64_t>(64, (nbytes + 63) / 64 * 64);
+  void* memory = std::aligned_alloc(64, size);
+  if (!memory) throw std::bad_alloc();
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory), [](uint8_t* p) { std::free(p); });
+}
+
 }  // namespace
 
 std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& checkpoint) {
@@ -90,6 +99,7 @@ PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::M
       window_(window),
       leased_view_min_bytes_(leased_view_min_bytes()) {
   leases_.resize(plan_.checkpoint->files().size());
+  small_views_kept_.resize(plan_.checkpoint->files().size());
   for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
     const auto& t = plan_.tensor_of_item(item);
     if (t.nbytes > 0) tail_.item = t.nbytes >= kOwnedTailBytes ? item : SIZE_MAX;
@@ -251,11 +261,18 @@ bool PageCacheViews::make_owned(const Held& held, std::optional<Error>& changed)
   try {
     // Fresh pages filled as they are allocated (io/untouched_pages.h), two threads at once: a
     // memcpy into fresh memory pays a zeroed page per 4 KiB first (262 MB: 0.24 s on one
-    // thread, 0.12 s on two, in torch's own allocator).
-    std::shared_ptr<uint8_t> memory = io::map_untouched_pages(nbytes);
+    // thread, 0.12 s on two, in torch's own allocator). A small view (copied, not leased) goes
+    // to the heap instead: a mapping and a userfaultfd of its own cost more than its bytes (100
+    // load_file calls of 256 KB: 0.040 s against 0.0xx s).
+    const bool small = nbytes < kLeasedViewMinBytes;
+    std::shared_ptr<uint8_t> memory = small ? heap_bytes(nbytes) : io::map_untouched_pages(nbytes);
     uint8_t* to = memory.get();
     const auto* from = static_cast<const uint8_t*>(storage.data());
-    copy_into_untouched(to, from, available);
+    if (small) {
+      std::memcpy(to, from, available);
+    } else {
+      copy_into_untouched(to, from, available);
+    }
     std::memset(to + available, 0, nbytes - available);
     // A pointer exported before (numpy, DLPack, data_ptr) still points into the mapping: it
     // stays mapped while the tensor lives, as the borrow ring keeps its block for such pointers.

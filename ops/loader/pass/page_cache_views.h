@@ -34,17 +34,18 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // reference; read-ahead workers populate the mapping up to `window` bytes ahead of the consumer.
 // When the consumer asks for the next tensor, every view handed out before the one it asked for
 // last (which a `for` loop still binds) is checked: one dropped costs nothing; one of 1 MiB or
-// more still held elsewhere stays a view under a read lease on its file (io/file_lease.h: a
-// writer's open or a truncation waits until its pages are replaced by private copies at the
-// same addresses), or, where the kernel refuses the lease (and a smaller one always), is copied
-// into owned memory and its storage repointed (set_data_ptr_noswap, as the borrow ring does).
-// Either way it never changes again, and a consumer that copies and drops pays one copy, its
-// own. Without a lease the last tensor of the pass (1 MiB or more) is read into owned memory by
-// a worker beside the consumer (buffered pread), since the loop that asks for it still binds it
-// when the handle closes, which would copy it on the consumer's time. Pages behind every view
-// still checked are unmapped (MADV_DONTNEED), those of leased views excepted, so resident memory
-// stays within the window plus the views held. A later pass reads a tensor that a leased view of
-// an earlier pass still shows into owned memory instead, so the two never share bytes.
+// more (or a smaller one, once another view of its file was kept) still held elsewhere stays a
+// view under a read lease on its file (io/file_lease.h: a writer's open or a truncation waits
+// until its pages are replaced by private copies at the same addresses), or, where the kernel
+// refuses the lease (and a file's first small one), is copied into owned memory and its storage
+// repointed (set_data_ptr_noswap, as the borrow ring does). Either way it never changes again, and
+// a consumer that copies and drops pays one copy, its own. Without a lease the last tensor of the
+// pass (1 MiB or more) is read into owned memory by a worker beside the consumer (buffered pread),
+// since the loop that asks for it still binds it when the handle closes, which would copy it on the
+// consumer's time. Pages behind every view still checked are unmapped (MADV_DONTNEED), those of
+// leased views excepted, so resident memory stays within the window plus the views held. A later
+// pass reads a tensor that a leased view of an earlier pass still shows into owned memory instead,
+// so the two never share bytes.
 //
 // Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
 class PageCacheViews {
@@ -140,7 +141,8 @@ class PageCacheViews {
   bool leased_before_this_pass_ = false;  // a view of an earlier pass may share an item's bytes
   std::vector<uint64_t> dropped_up_to_;   // per file: pages before this offset are unmapped
   uint64_t window_;
-  uint64_t leased_view_min_bytes_;  // smaller kept views are copied (page_cache_views.cpp)
+  uint64_t leased_view_min_bytes_;          // smaller kept views are copied (page_cache_views.cpp)
+  std::vector<uint32_t> small_views_kept_;  // per file, before its lease was asked for
   size_t last_handed_out_ = SIZE_MAX;
   OwnedTail tail_;
 };

@@ -48,8 +48,14 @@ io::FileLease* PageCacheViews::lease_of(size_t file) noexcept {
 }
 
 bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
-  if (held.storage->nbytes() < leased_view_min_bytes_) return false;
   const auto& t = plan_.tensor_of_item(held.item);
+  // A small view takes its file's lease (a descriptor) only once a second view of the file is
+  // kept (load_file keeps them all), or when the lease is there already: a single one held for
+  // a step past its own (vLLM's groupby reads ahead) is copied out.
+  if (held.storage->nbytes() < leased_view_min_bytes_ && !leases_[t.file_index] &&
+      ++small_views_kept_[t.file_index] < 2) {
+    return false;
+  }
   io::FileLease* lease = lease_of(t.file_index);
   if (!lease) return false;
   try {
