@@ -49,10 +49,10 @@ class Checkpoint {
 
   // A buffered descriptor of file `index`, of the very file validated at open, in use until
   // release_descriptor(index) (FileDescriptors::acquire: opened or checked now, Error(Io) naming
-  // the file when its path no longer names it). Owned here. Any thread.
+  // the file when its path no longer names it). Owned here. The loader's consumer thread.
   int descriptor(size_t index) const { return descriptors_.acquire(index); }
-  // File `index` is no longer read through its descriptor (FileDescriptors::release). Any
-  // thread.
+  // File `index` is no longer read through its descriptor (FileDescriptors::release). The
+  // thread that acquired it.
   void release_descriptor(size_t index) const { descriptors_.release(index); }
   bool descriptor_in_use(size_t index) const { return descriptors_.in_use(index); }
 

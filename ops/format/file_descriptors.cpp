@@ -10,18 +10,36 @@
 
 namespace instanttensor::format {
 
+namespace {
+
+// The file validated, unchanged in what check_unchanged watches (device, inode, size,
+// modification time). Not the status-change time: chmod, chown or a new hard link set it, and
+// must not fail a load.
+bool same_contents(const CheckpointFile& file, const struct stat& st) {
+  std::string unused;
+  return st.st_dev == file.device && st.st_ino == file.inode &&
+         !changed_in_place(file, st, &unused);
+}
+
+}  // namespace
+
 FileDescriptors::FileDescriptors(const std::vector<CheckpointFile>& files) : files_(files) {}
 
 FileDescriptors::~FileDescriptors() { close_all(); }
 
 void FileDescriptors::adopt(size_t index, int fd) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (index >= fds_.size()) {
-    fds_.resize(index + 1, -1);
-    in_use_.resize(index + 1, false);
+  try {
+    if (index >= fds_.size()) {
+      fds_.resize(index + 1, -1);
+      in_use_.resize(index + 1, false);
+    }
+    idle_.push_back(index);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   fds_[index] = fd;
-  idle_.push_back(index);
   trim_idle();
 }
 
@@ -37,12 +55,12 @@ int FileDescriptors::acquire(size_t index) {
   if (fds_[index] >= 0) {
     // Idle since its last use: the path must still name it, as for a descriptor opened anew.
     if (::stat(file.path.c_str(), &st) != 0) throw_replaced(index, "", errno);
-    if (!same_file(file, st)) throw_replaced(index, "", 0);
+    if (!same_contents(file, st)) throw_replaced(index, "", 0);
     idle_.erase(std::find(idle_.begin(), idle_.end(), index));
   } else {
     const int fd = open_for_reading(file.path, &st);
     if (fd < 0) throw_replaced(index, "", errno);
-    if (!same_file(file, st)) {
+    if (!same_contents(file, st)) {
       ::close(fd);
       throw_replaced(index, "", 0);
     }

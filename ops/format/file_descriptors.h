@@ -1,6 +1,7 @@
 // The descriptors of a checkpoint's files: opened when a reader needs one, each checked to be the
-// file validated at open, and closed again once nobody reads it, so that a checkpoint of many
-// shards never holds one descriptor per shard at once. Torch-free.
+// file validated at open, and closed again once released, so that a pass over views of many
+// shards never holds one descriptor per shard at once (the read path, random access and
+// load_into keep what they acquired until close). Torch-free.
 //
 // Why: a process whose descriptor table grows (past 64, 256, ...) while it runs several threads
 // waits an RCU grace period inside the kernel. vLLM's worker holds about 57 descriptors when it
@@ -34,15 +35,17 @@ class FileDescriptors {
 
   // A descriptor of file `index`, in use until release(index): the one in use already, or an
   // idle one kept from an earlier use, or one opened now by the file's path. Unless it was in
-  // use already, the path is checked to still name the file validated (device, inode, size,
-  // times): otherwise Error(Io) naming the file (replaced by rename, rewritten, deleted), and
-  // the file is never read. Once in use, a replacement by rename no longer reaches the reads
-  // (they go to the inode validated). Owned here: callers never close it. Any thread.
+  // use already, the path is checked to still name the file validated, unchanged (device,
+  // inode, size, modification time): otherwise Error(Io) naming the file (replaced by rename,
+  // rewritten, deleted), and the file is never read. Once in use, a replacement by rename no longer
+  // reaches the reads (they go to the inode validated). Owned here: callers never close it. Use is
+  // a flag, not a count: acquire and release on one thread (the loader's consumer, under its lock);
+  // the descriptor may be read through from any thread meanwhile.
   int acquire(size_t index);
   // File `index` is no longer read through its descriptor (the caller knows no read through it
   // is in flight or will start; its number may name another file afterwards). It stays open,
   // idle, while no more than kOpenKept descriptors are open in all, so that a small checkpoint
-  // opens each file once. Any thread.
+  // opens each file once. The thread that acquires.
   void release(size_t index);
   bool in_use(size_t index) const;
   // Closes every descriptor. A later acquire opens again (checked). Idempotent; any thread.

@@ -107,10 +107,13 @@ void IoSetup::choose_cold_read_method(bool time_them) {
     add_note("auto: buffered, the iteration reads through the page cache");
     return;
   }
-  // The probe reads the largest file through its buffered descriptor: reads follow it anyway.
+  // The probe reads the largest file (the first of that size) through its buffered descriptor.
   std::vector<FileToRead> files = files_;
-  for (size_t index = 0; index < files.size(); ++index)
-    files[index].buffered_fd = buffered_fd(index);
+  size_t largest = 0;
+  for (size_t index = 0; index < files.size(); ++index) {
+    if (files[index].size > files[largest].size) largest = index;
+  }
+  if (!files.empty()) files[largest].buffered_fd = buffered_fd(largest);
   auto choice = measure_read_methods(files);
   if (choice.direct) {
     read_direct();

@@ -27,9 +27,9 @@ class IoSetup {
   // throws for an unavailable backend: the end of the chain is the buffered pread pool.
   IoSetup(const std::vector<std::string>& backend_names, const std::vector<FileToRead>& files);
   // The same over `checkpoint`'s files, whose buffered descriptors stay the checkpoint's: opened
-  // when a read first needs them (Checkpoint::descriptor), one at a time while setting up, so
-  // that a setup reading nothing through them (views of the page cache) holds none. The
-  // checkpoint outlives this.
+  // when a read first needs them (Checkpoint::descriptor) and kept in use until close; one at a
+  // time while setting up, so that a setup reading nothing through them (views of the page
+  // cache) holds none of its own. The checkpoint outlives this.
   IoSetup(const std::vector<std::string>& backend_names, const format::Checkpoint& checkpoint);
   ~IoSetup();
   IoSetup(const IoSetup&) = delete;

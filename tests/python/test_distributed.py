@@ -135,6 +135,17 @@ RANK_SCRIPT = textwrap.dedent("""
         result["retry"] = retry
     with open(spec["out"] % rank, "w") as handle:
         json.dump(result, handle)
+    # Every rank leaves together: a rank done early (a load that needs no collective) must not
+    # close its connections while another is still joining the group (gloo's connectFullMesh
+    # then fails there with "Connection closed by peer"). Through the store: a group whose only
+    # backend serves another device cannot run a barrier on the host.
+    import datetime
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"left{rank}", "1")
+    try:
+        store.wait([f"left{r}" for r in range(world)], datetime.timedelta(seconds=60))
+    except Exception:
+        pass  # a rank that died: run_ranks reports it
     dist.destroy_process_group()
 """)
 

@@ -251,9 +251,8 @@ bool PageCacheViews::make_owned(const Held& held, std::optional<Error>& changed)
   struct stat st {};
   uint64_t size_now = 0;
   try {
-    if (::fstat(plan_.checkpoint->descriptor(t.file_index), &st) == 0) {
-      size_now = static_cast<uint64_t>(st.st_size);
-    }
+    format::ScopedDescriptor descriptor(*plan_.checkpoint, t.file_index);
+    if (::fstat(descriptor.fd(), &st) == 0) size_now = static_cast<uint64_t>(st.st_size);
   } catch (const Error&) {
     // Never held (a bug) and no longer the file validated: nothing of it is safe to touch.
   }

@@ -117,9 +117,9 @@ class PageCacheViews {
   // counted as read. Throws Error(Io) when its file changed since open.
   at::Tensor owned_tensor(size_t item, c10::DataPtr data);
   // Unmaps the pages before the oldest view still held (or `next_item`'s first byte), and
-  // closes the descriptors of the files wholly behind it.
+  // releases the descriptors of the files wholly behind it.
   void drop_pages_behind(size_t next_item) noexcept;
-  // Closes `file`'s descriptor (the checkpoint's), unless the tail's reader still reads it: a
+  // Releases `file`'s descriptor (the checkpoint's), unless the tail's reader still reads it: a
   // checkpoint of many shards holds the descriptors of one or two at a time.
   void release_descriptor(size_t file) noexcept;
   // Starts reading the last tensor (allocation failure: it stays a view).
