@@ -16,6 +16,7 @@
 
 #include "io/direct_io.h"
 #include "io/untouched_pages.h"
+#include "loader/pass/owned_copy.h"
 #include "loader/reads/timing.h"
 #include "loader/transfer/storage_views.h"
 
@@ -23,7 +24,6 @@ namespace instanttensor::loader {
 
 namespace {
 
-constexpr int64_t kCopyGrain = 4 << 20;
 // Where its file has no lease, a last tensor this large is read into owned memory beside the
 // consumer rather than handed out as a view: the loop that asks for it still binds it at close,
 // which would copy it then, on the consumer's time (the 262 MB lm_head of a 1 GB model: 0.12-0.4
@@ -44,43 +44,6 @@ uint64_t leased_view_min_bytes() {
   }
 #endif
   return kLeasedViewMinBytes;
-}
-
-// Copies `nbytes` of `from` (a view of the mapping, as the consumer may have written it) into
-// `to`, memory from io::map_untouched_pages: whole pages placed by userfaultfd on torch's
-// threads, whatever it could not place (refused, a source page past a truncation) and the
-// partial last page by memcpy once the pages are ordinary memory again.
-void copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
-  const uint64_t page = io::page_size();
-  io::UntouchedPagePlacer placer(to, nbytes);
-  std::mutex mutex;
-  std::vector<std::pair<uint64_t, uint64_t>> not_placed;  // [begin, end) byte ranges
-  const auto pages = static_cast<int64_t>(placer.registered_bytes() / page);
-  at::parallel_for(0, pages, static_cast<int64_t>(kCopyGrain / page),
-                   [&](int64_t first, int64_t last) {
-                     const uint64_t begin = static_cast<uint64_t>(first) * page;
-                     const uint64_t end = static_cast<uint64_t>(last) * page;
-                     const uint64_t placed = placer.place(begin, from + begin, end - begin);
-                     if (placed < end - begin) {
-                       std::lock_guard<std::mutex> lock(mutex);
-                       not_placed.emplace_back(begin + placed, end);
-                     }
-                   });
-  placer.close();
-  not_placed.emplace_back(static_cast<uint64_t>(pages) * page, nbytes);
-  for (auto [begin, end] : not_placed) {
-    at::parallel_for(
-        static_cast<int64_t>(begin), static_cast<int64_t>(end), kCopyGrain,
-        [&](int64_t b, int64_t e) { std::memcpy(to + b, from + b, static_cast<size_t>(e - b)); });
-  }
-}
-
-// `nbytes` of heap memory on a 64-byte boundary (torch's CPU alignment); std::bad_alloc if none.
-std::shared_ptr<uint8_t> heap_bytes(uint64_t nbytes) {
-  const uint64_t size = std::max<uint64_t>(64, (nbytes + 63) / 64 * 64);
-  void* memory = std::aligned_alloc(64, size);
-  if (!memory) throw std::bad_alloc();
-  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(memory), [](uint8_t* p) { std::free(p); });
 }
 
 }  // namespace
