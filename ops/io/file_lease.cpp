@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "io/direct_io.h"
+#include "io/process_id.h"
 
 namespace instanttensor::io {
 
@@ -48,7 +49,7 @@ struct LeaseRegistry {
     auto& registry = get();
     registry.mutex.lock();
     for (FileLease* lease : registry.leases) {
-      if (lease->held_ && lease->taker_ == ::getpid()) (void)lease->freeze_all();
+      if (lease->held_ && lease->taker_ == current_process_id()) (void)lease->freeze_all();
     }
   }
 };
@@ -94,7 +95,7 @@ bool replace_by_copies(uint8_t* start, uint64_t length, uint64_t available) {
 }  // namespace
 
 bool LeaseRegistry::start_watcher() {
-  if (watcher_pid == ::getpid()) return true;
+  if (watcher_pid == current_process_id()) return true;
   signal = lease_signal();
   sigset_t set;
   sigemptyset(&set);
@@ -128,7 +129,7 @@ bool LeaseRegistry::start_watcher() {
   std::call_once(fork_handlers, [] {
     pthread_atfork(LeaseRegistry::freeze_before_fork, unlock_after_fork, unlock_after_fork);
   });
-  watcher_pid = ::getpid();
+  watcher_pid = current_process_id();
   watcher_tid = tid;
   return true;
 }
@@ -136,7 +137,8 @@ bool LeaseRegistry::start_watcher() {
 void LeaseRegistry::answer(FileLease& lease) {
   // Only a lease being broken reads as anything but F_RDLCK: a stale signal (a descriptor
   // released, maybe reused since) changes nothing.
-  if (!lease.held_ || lease.taker_ != ::getpid() || ::fcntl(lease.fd_, F_GETLEASE) == F_RDLCK) {
+  if (!lease.held_ || lease.taker_ != current_process_id() ||
+      ::fcntl(lease.fd_, F_GETLEASE) == F_RDLCK) {
     return;
   }
   if (!lease.freeze_all()) return;  // kept: the kernel lets the writer go after its timeout
@@ -189,7 +191,7 @@ std::shared_ptr<FileLease> FileLease::take(int fd) {
   }
 }
 
-FileLease::FileLease(int own_fd) : fd_(own_fd), taker_(::getpid()) {}
+FileLease::FileLease(int own_fd) : fd_(own_fd), taker_(current_process_id()) {}
 
 FileLease::~FileLease() {
   auto& registry = LeaseRegistry::get();
@@ -198,7 +200,7 @@ FileLease::~FileLease() {
     registry.leases.erase(std::remove(registry.leases.begin(), registry.leases.end(), this),
                           registry.leases.end());
     // A forked child shares the open file description: unlocking would end the parent's lease.
-    if (held_ && taker_ == ::getpid()) ::fcntl(fd_, F_SETLEASE, F_UNLCK);
+    if (held_ && taker_ == current_process_id()) ::fcntl(fd_, F_SETLEASE, F_UNLCK);
   }
   ::close(fd_);
 }
@@ -210,7 +212,7 @@ std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint6
       new ViewProtection(shared_from_this(), mapping_start, offset, nbytes));
   auto& registry = LeaseRegistry::get();
   std::lock_guard<std::mutex> lock(registry.mutex);
-  if (!held_ || taker_ != ::getpid()) return nullptr;
+  if (!held_ || taker_ != current_process_id()) return nullptr;
   // Doubling: reserving one more each time copied the whole list at every kept view.
   if (protections_.size() == protections_.capacity()) {
     protections_.reserve(std::max<size_t>(16, 2 * protections_.capacity()));

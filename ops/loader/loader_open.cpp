@@ -228,7 +228,9 @@ void Loader::start_reads(int local_ranks) {
     // with 4 (1 GB, one process). Ranks of one host keep this count each: splitting the cores
     // among them (1 worker each on 2 cores) measured 1.16 s against 0.85 s warm (2 ranks,
     // 1 GB).
-    int cores = static_cast<int>(std::thread::hardware_concurrency());
+    // Counted once per process: each count reads /sys/devices/system/cpu/online (three system
+    // calls per open of a small file).
+    static const int cores = static_cast<int>(std::thread::hardware_concurrency());
     if (cores > 0) threads = std::min(threads, cores);
   }
   // Small checkpoints read on the consumer's thread: starting and joining workers would cost

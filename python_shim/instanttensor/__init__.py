@@ -14,8 +14,34 @@ from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from ._backends import Backend, BackendPolicy  # noqa: E402
 from ._errors import SafetensorError  # noqa: E402
 from ._files import load_file, load_into, save_file  # noqa: E402
-from ._safe_open import LoadIntoResult, SafeSlice, _safe_open_handle, safe_open  # noqa: E402
-from ._serialize import TensorSpec, deserialize, serialize, serialize_file  # noqa: E402
+from ._safe_open import LoadIntoResult, _safe_open_handle, safe_open  # noqa: E402
+
+# Names whose modules load on first use. vLLM imports this package inside its timed weight
+# loading, and these modules cost about 1 ms of its import: a loader that only opens and
+# iterates never needs them.
+_LAZY = {
+    "SafeSlice": "._slicing",
+    "TensorSpec": "._serialize",
+    "deserialize": "._serialize",
+    "serialize": "._serialize",
+    "serialize_file": "._serialize",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next lookup finds it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 # Upstream InstantTensor's API level (0.2.2), built on libtorch; setup.py carries the same version.
 __version__ = "0.2.2+libtorch"

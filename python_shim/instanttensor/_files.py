@@ -11,7 +11,6 @@ from ._device import DeviceLike
 from ._errors import (SafetensorNotImplementedError, SafetensorRuntimeError, SafetensorTypeError,
                       SafetensorValueError, engine_errors)
 from ._safe_open import LoadIntoResult, safe_open
-from ._serialize import metadata_lists
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -91,6 +90,8 @@ def save_file(
     save_file, durably: a temporary file, fsynced, renamed over the name, so a failure or a
     refusal (check_tensors_to_save) leaves the old file intact. Tensors on any device are copied
     to the host while writing."""
+    from ._serialize import metadata_lists  # on first use: `import instanttensor` stays cheap
+
     check_tensors_to_save(tensors)
     keys, values = metadata_lists(metadata)
     names = list(tensors)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import warnings
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 import torch
 
@@ -16,7 +16,9 @@ from ._errors import (SafetensorFileNotFoundError, SafetensorTypeError, Safetens
                       engine_errors, translate_error)
 from ._frameworks import as_framework, framework_of
 from ._selection import Selection
-from ._slicing import SafeSlice
+
+if TYPE_CHECKING:
+    from ._slicing import SafeSlice
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -329,6 +331,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
 
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy slice object (safetensors API); indexing reads only the needed rows."""
+        from ._slicing import SafeSlice  # on first use: `import instanttensor` stays cheap
+
         self._engine()
         return SafeSlice(self, name)
 
