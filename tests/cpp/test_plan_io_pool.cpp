@@ -4,6 +4,7 @@
 #include <linux/userfaultfd.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "io/file_lease.h"
 #include "io/mapped_files.h"
 #include "io/page_cache_read_ahead.h"
+#include "io/process_id.h"
 #include "io/read_backend.h"
 #include "io/read_method_probe.h"
 #include "io/untouched_pages.h"
@@ -102,6 +104,26 @@ bool eventually(Done done) {
   for (int i = 0; i < 500 && !done(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return done();
+}
+
+TEST(ProcessId, IsThisProcessInAForkedChildAndItsChild) {
+  EXPECT_EQ(io::current_process_id(), ::getpid());
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Exit codes: 0 right, 1 the child read its parent's id, 2 the grandchild did.
+    if (io::current_process_id() != ::getpid()) ::_exit(1);
+    pid_t grandchild = ::fork();
+    if (grandchild == 0) ::_exit(io::current_process_id() == ::getpid() ? 0 : 2);
+    int status = 0;
+    ::waitpid(grandchild, &status, 0);
+    ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(io::current_process_id(), ::getpid());  // the parent's is unchanged
 }
 
 TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
