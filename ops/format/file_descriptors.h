@@ -1,7 +1,7 @@
 // The descriptors of a checkpoint's files: opened when a reader needs one, each checked to be the
-// file validated at open, and closed again once released, so that a pass over views of many
-// shards never holds one descriptor per shard at once (the read path, random access and
-// load_into keep what they acquired until close). Torch-free.
+// file validated at open, and closed again once released, so that a pass over many shards never
+// holds one descriptor per shard at once (the views pass holds the files of its last views; the
+// read path the files whose reads are in flight, and the file read last). Torch-free.
 //
 // Why: a process whose descriptor table grows (past 64, 256, ...) while it runs several threads
 // waits an RCU grace period inside the kernel. vLLM's worker holds about 57 descriptors when it

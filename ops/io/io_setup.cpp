@@ -1,6 +1,11 @@
 #include "io/io_setup.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
 
 #include "instanttensor/error.h"
 #include "io/direct_io.h"
@@ -30,7 +35,46 @@ IoSetup::IoSetup(const std::vector<std::string>& backend_names,
 }
 
 int IoSetup::read_fd(size_t index) const {
-  return direct_fds_[index] >= 0 ? direct_fds_[index] : buffered_fd(index);
+  if (!direct_[index]) return buffered_fd(index);
+  if (direct_fds_[index] < 0) direct_fds_[index] = open_direct_again(index);
+  return direct_fds_[index];
+}
+
+int IoSetup::open_direct_again(size_t index) const {
+  const std::string& path = files_[index].path;
+  DirectIoAlignment alignment;
+  int fd = open_direct(path, &alignment);
+  if (fd < 0) {
+    const int error = errno;
+    throw Error(error_kind_for_errno(error), path, "",
+                std::string("cannot be opened again for O_DIRECT reads: ") + std::strerror(error));
+  }
+  if (checkpoint_) {
+    // The inode validated, as the buffered descriptors are (format::FileDescriptors): a file
+    // replaced by rename since the open is refused, not read.
+    const auto& validated = checkpoint_->files()[index];
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != validated.device ||
+        static_cast<uint64_t>(st.st_ino) != validated.inode) {
+      ::close(fd);
+      throw Error(ErrorKind::Io, path, "",
+                  "file changed since it was opened (its path names another file: replaced by "
+                  "rename, or deleted, before its O_DIRECT reads began)");
+    }
+  }
+  return fd;
+}
+
+bool IoSetup::buffered_in_use(size_t index) const {
+  return checkpoint_ ? checkpoint_->descriptor_in_use(index) : true;
+}
+
+void IoSetup::release(size_t index, bool buffered) {
+  if (direct_fds_[index] >= 0) {
+    ::close(direct_fds_[index]);
+    direct_fds_[index] = -1;
+  }
+  if (buffered && checkpoint_) checkpoint_->release_descriptor(index);
 }
 
 int IoSetup::buffered_fd(size_t index) const {
@@ -71,6 +115,7 @@ void IoSetup::set_up(const std::vector<std::string>& backend_names) {
     }
     break;
   }
+  direct_.assign(files_.size(), false);
   direct_fds_.assign(files_.size(), -1);
   if (want_direct) read_direct();
   describe();
@@ -84,8 +129,8 @@ void IoSetup::read_direct() {
       direct_refused_ += 1;  // this file stays buffered
       continue;
     }
-    owned_fds_.push_back(fd);
-    direct_fds_[index] = fd;
+    ::close(fd);  // one file at a time: N shards never hold N descriptors at once
+    direct_[index] = true;
     if (alignment.offset_alignment > alignment_) alignment_ = alignment.offset_alignment;
   }
 }
@@ -113,8 +158,13 @@ void IoSetup::choose_cold_read_method(bool time_them) {
   for (size_t index = 0; index < files.size(); ++index) {
     if (files[index].size > files[largest].size) largest = index;
   }
-  if (!files.empty()) files[largest].buffered_fd = buffered_fd(largest);
+  std::optional<format::ScopedDescriptor> held;
+  if (!files.empty() && checkpoint_) {
+    held.emplace(*checkpoint_, largest);  // released after the probe unless in use before
+    files[largest].buffered_fd = held->fd();
+  }
   auto choice = measure_read_methods(files);
+  held.reset();
   if (choice.direct) {
     read_direct();
     describe();
@@ -125,9 +175,10 @@ void IoSetup::choose_cold_read_method(bool time_them) {
 IoSetup::~IoSetup() { close(); }
 
 void IoSetup::close() {
-  for (int fd : owned_fds_) ::close(fd);
-  owned_fds_.clear();
-  direct_fds_.assign(direct_fds_.size(), -1);
+  for (int& fd : direct_fds_) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
   mapping_.reset();  // views handed out keep their own reference
 }
 

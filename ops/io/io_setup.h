@@ -12,7 +12,8 @@
 
 namespace instanttensor::io {
 
-// The decision for one open checkpoint. Owns the O_DIRECT fds it opened.
+// The decision for one open checkpoint. Owns the O_DIRECT fds it opens, each while reads of its
+// file are in flight (release).
 class IoSetup {
  public:
   // Walks `backend_names` (lower-case, preferred first) and settles on the first usable one:
@@ -27,7 +28,7 @@ class IoSetup {
   // throws for an unavailable backend: the end of the chain is the buffered pread pool.
   IoSetup(const std::vector<std::string>& backend_names, const std::vector<FileToRead>& files);
   // The same over `checkpoint`'s files, whose buffered descriptors stay the checkpoint's: opened
-  // when a read first needs them (Checkpoint::descriptor) and kept in use until close; one at a
+  // when a read first needs them (Checkpoint::descriptor) and in use until release(); one at a
   // time while setting up, so that a setup reading nothing through them (views of the page
   // cache) holds none of its own. The checkpoint outlives this.
   IoSetup(const std::vector<std::string>& backend_names, const format::Checkpoint& checkpoint);
@@ -42,9 +43,20 @@ class IoSetup {
   // nothing for any other backend or for cached files; once. Consumer thread.
   void choose_cold_read_method(bool time_them);
 
-  // The fd reads of file `index` go to (its O_DIRECT one, else buffered_fd). Throws Error(Io)
-  // naming the file when it has to be opened again and is no longer the file validated.
+  // The fd reads of file `index` go to (its O_DIRECT one, else buffered_fd), open until
+  // release(index). The O_DIRECT one is opened on first need and checked to be the file
+  // validated (device and inode). Throws Error(Io) naming the file when it has to be opened
+  // again and is no longer the file validated, or cannot be opened. Consumer thread.
   int read_fd(size_t index) const;
+  // Whether file `index` is read through an O_DIRECT descriptor.
+  bool reads_direct(size_t index) const { return direct_[index]; }
+  // Whether file `index`'s buffered descriptor is in use (by any reader of the checkpoint; true
+  // for a caller's own descriptor, which is never released here).
+  bool buffered_in_use(size_t index) const;
+  // No read of file `index` is in flight or queued: its O_DIRECT descriptor is closed and, with
+  // `buffered`, its buffered one released to the checkpoint (which keeps a few open idle).
+  // Consumer thread.
+  void release(size_t index, bool buffered);
   // Reads start and end on multiples of this, and land on addresses aligned to it (1: any).
   uint64_t alignment() const { return alignment_; }
   bool direct() const { return alignment_ > 1; }
@@ -77,16 +89,19 @@ class IoSetup {
  private:
   // The constructors' common part, after files_ (and checkpoint_) are set.
   void set_up(const std::vector<std::string>& backend_names);
-  // Opens every file O_DIRECT where the filesystem allows it: their reads go there.
+  // Every file whose filesystem takes O_DIRECT is read so from now on (each opened once to
+  // learn its alignment, then closed: read_fd opens it again when a read needs it).
   void read_direct();
+  // File `index` opened O_DIRECT now, checked against the checkpoint's identity of it.
+  int open_direct_again(size_t index) const;
   // The description from the choices so far: "pread+O_DIRECT (1 file(s) buffered: ...)".
   void describe();
 
   std::vector<FileToRead> files_;  // buffered_fd -1 where the checkpoint holds the descriptors
   const format::Checkpoint* checkpoint_ = nullptr;
-  std::vector<int> direct_fds_;  // per file; -1: read buffered
+  std::vector<bool> direct_;             // per file: read through O_DIRECT
+  mutable std::vector<int> direct_fds_;  // per file; -1: not open now
   std::shared_ptr<const MappedFiles> mapping_;
-  std::vector<int> owned_fds_;
   uint64_t alignment_ = 1;
   bool uring_ = false;
   bool mostly_resident_ = false;

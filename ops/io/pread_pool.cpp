@@ -22,6 +22,7 @@ ReadCompletion perform_read(const ReadRequest& request) {
   auto start = std::chrono::steady_clock::now();
   ReadCompletion done;
   done.tag = request.tag;
+  done.fd = request.fd;
   char* dest = static_cast<char*>(request.dest);
   while (done.bytes < request.length) {
     // Linux caps one read at about 2 GiB; larger requests loop.

@@ -35,6 +35,7 @@ inline uint64_t required_bytes(const ReadRequest& request) {
 
 struct ReadCompletion {
   uint64_t tag = 0;
+  int fd = -1;             // the request's, returned untouched
   int error = 0;           // errno of a failed read; 0 on success
   bool truncated = false;  // end of file came before `length` bytes: the file shrank
   uint64_t bytes = 0;      // bytes read

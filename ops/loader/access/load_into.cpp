@@ -148,6 +148,8 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
 void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint& checkpoint,
                        io::IoSetup& io, ReadScheduler& reads, uint64_t chunk_size,
                        uint64_t staging_bytes, bool force_staging, Stats& stats) {
+  // Last, on every path: after the waits below, nothing of this call is in flight.
+  auto release = c10::make_scope_exit([&] { reads.release_idle_files(); });
   uint64_t sequence = 0;
   std::vector<std::pair<uint64_t, const Fill*>> host_tags;
   std::vector<std::pair<c10::DataPtr, const Fill*>> temporaries;

@@ -47,6 +47,7 @@ c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTen
   auto start = Clock::now();
   auto failure = reads_.wait_for(read_tags::kRandomAccess);
   stats_.wait_seconds += seconds_since(start);
+  reads_.release_if_idle(t.file_index);  // unless the pass is reading it too
   if (failure) throw read_failure_error(*failure, plan_.file_of(t), t.name());
   plan_.checkpoint->check_unchanged(t.file_index, t.name());  // written in place meanwhile?
   return storage;

@@ -33,6 +33,8 @@ class ReadPass : public Pass {
   std::pair<std::string, at::Tensor> hand_out(size_t item) override { return hand_out(item, {}); }
   // With an exchange, the consumer (its stream, or the host) first waits for the gathers.
   std::pair<std::string, at::Tensor> hand_out(size_t item, ExchangeProtocol* gathers);
+  // Every read of the pass has landed: the descriptors of the file read last go too.
+  void end() override { reads_.release_idle_files(); }
   void drain() noexcept override;
   bool borrows_ring() const override { return host_ring_ != nullptr; }
   void leave_parent_work_behind() override;

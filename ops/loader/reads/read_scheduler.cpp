@@ -1,6 +1,7 @@
 #include "loader/reads/read_scheduler.h"
 
 #include <cstring>
+#include <iterator>
 
 namespace instanttensor::loader {
 
@@ -31,13 +32,60 @@ size_t ReadScheduler::submit(size_t file_index, const plan::AlignedRange& range,
                              uint64_t tag, bool buffered) {
   auto pieces = plan::split_into_pieces(range, chunk_size_);
   if (pieces.empty()) return 0;
-  int fd = buffered ? io_.buffered_fd(file_index) : io_.read_fd(file_index);
+  const bool through_buffered = buffered || !io_.reads_direct(file_index);
+  const bool held_elsewhere = through_buffered && io_.buffered_in_use(file_index);
+  int fd = through_buffered ? io_.buffered_fd(file_index) : io_.read_fd(file_index);
+  if (files_.size() <= file_index) files_.resize(file_index + 1);
+  FileReads& reads = files_[file_index];
+  reads.held = true;
+  if (through_buffered && !held_elsewhere) reads.release_buffered = true;
+  file_of_fd_[fd] = file_index;
+  if (last_file_ != file_index) {
+    const size_t previous = last_file_;
+    last_file_ = file_index;
+    if (previous < files_.size()) release_if_done(previous);
+  }
   tags_[tag].pending += pieces.size();
-  for (const auto& piece : pieces) {
-    backend().submit(io::ReadRequest{fd, range.begin + piece.offset, piece.length,
-                                     dest + piece.offset, tag, piece.required});
+  try {
+    for (const auto& piece : pieces) {
+      backend().submit(io::ReadRequest{fd, range.begin + piece.offset, piece.length,
+                                       dest + piece.offset, tag, piece.required});
+      reads.pieces += 1;  // counted once queued
+    }
+  } catch (...) {
+    if (reads.pieces == 0) release_file(file_index);  // a backend that could not start
+    throw;
   }
   return pieces.size();
+}
+
+void ReadScheduler::piece_done(int fd) {
+  auto found = file_of_fd_.find(fd);
+  if (found == file_of_fd_.end()) return;
+  const size_t file = found->second;
+  if (files_[file].pieces > 0) files_[file].pieces -= 1;
+  release_if_done(file);
+}
+
+void ReadScheduler::release_if_done(size_t file) {
+  if (files_[file].held && files_[file].pieces == 0 && file != last_file_) release_file(file);
+}
+
+void ReadScheduler::release_if_idle(size_t file) {
+  if (file < files_.size() && files_[file].held && files_[file].pieces == 0) release_file(file);
+}
+
+void ReadScheduler::release_idle_files() {
+  for (size_t file = 0; file < files_.size(); ++file) release_if_idle(file);
+}
+
+void ReadScheduler::release_file(size_t file) {
+  // Its O_DIRECT and buffered descriptors both: their numbers may name other files afterwards.
+  for (auto it = file_of_fd_.begin(); it != file_of_fd_.end();) {
+    it = it->second == file ? file_of_fd_.erase(it) : std::next(it);
+  }
+  io_.release(file, files_[file].release_buffered);
+  files_[file] = FileReads{};
 }
 
 void ReadScheduler::wait_one() {
@@ -45,6 +93,7 @@ void ReadScheduler::wait_one() {
   stats_.read_seconds += completion.seconds;
   stats_.bytes_read += completion.bytes;
   stats_.read_requests += 1;
+  piece_done(completion.fd);
   auto found = tags_.find(completion.tag);
   if (found == tags_.end()) return;  // a forgotten tag (an abandoned pass)
   TagState& state = found->second;
@@ -95,7 +144,14 @@ void ReadScheduler::drain() noexcept {
     }
     stats_.bytes_read += completion.bytes;
     stats_.read_requests += 1;
+    piece_done(completion.fd);
   }
+  // Nothing is in flight now (a backend that could not complete has nothing left in the
+  // kernel): every file is released, the last one read too; a later read checks it again.
+  for (size_t file = 0; file < files_.size(); ++file) {
+    if (files_[file].held) release_file(file);
+  }
+  last_file_ = SIZE_MAX;
   tags_.clear();
   failed_.clear();
 }

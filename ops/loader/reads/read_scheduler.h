@@ -62,6 +62,12 @@ class ReadScheduler {
   // stops the wait there.
   void drain() noexcept;
   size_t in_flight() const { return backend_ ? backend_->in_flight() : 0; }
+  // Releases file `file` (release_idle_files: every file) if no piece of it is in flight, the
+  // file read last included: for reads made and waited for within one call (random access,
+  // load_into), which then hold no descriptor between calls, where the views pass may acquire
+  // the same files.
+  void release_if_idle(size_t file);
+  void release_idle_files();
   // Joins the workers. Call after drain().
   void stop() { backend_.reset(); }
   // In a forked child: the backend's workers were the parent's threads and are gone, so its
@@ -71,6 +77,9 @@ class ReadScheduler {
     (void)backend_.release();
     tags_.clear();
     failed_.clear();
+    files_.clear();
+    file_of_fd_.clear();
+    last_file_ = SIZE_MAX;
   }
 
  private:
@@ -78,7 +87,23 @@ class ReadScheduler {
     size_t pending = 0;
     std::optional<ReadFailure> failure;
   };
+  // A file whose descriptors this scheduler holds: pieces in flight or queued, and whether its
+  // buffered descriptor was acquired here from nobody's use (then released here; one another
+  // reader holds, the views pass or the cold probe, is left in use).
+  struct FileReads {
+    bool held = false;
+    size_t pieces = 0;
+    bool release_buffered = false;
+  };
   io::ReadBackend& backend();
+  // Books one finished piece read through `fd`.
+  void piece_done(int fd);
+  // A file is released (IoSetup::release) once no piece of it is in flight and reads have moved
+  // on to another file, so a pass over many shards holds those it is reading, and a file read
+  // tensor by tensor keeps its descriptor throughout (a rename meanwhile still reaches the
+  // reads at the inode validated, as when every descriptor was held to the end).
+  void release_if_done(size_t file);
+  void release_file(size_t file);
 
   io::IoSetup& io_;
   int threads_;
@@ -88,6 +113,9 @@ class ReadScheduler {
   std::unique_ptr<io::ReadBackend> backend_;
   std::unordered_map<uint64_t, TagState> tags_;
   std::set<uint64_t> failed_;
+  std::vector<FileReads> files_;                // by file index, grown on submit
+  std::unordered_map<int, size_t> file_of_fd_;  // descriptors of the files held
+  size_t last_file_ = SIZE_MAX;                 // the file of the last submission
 };
 
 }  // namespace instanttensor::loader

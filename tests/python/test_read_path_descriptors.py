@@ -1,0 +1,88 @@
+"""The read path (a named backend, random access, load_into) holds descriptors only for the shards
+whose reads are in flight: a process whose descriptor table grows while it runs threads waits an
+RCU grace period in the kernel (10-30 ms a crossing, benchmarks/README.md), and a checkpoint of
+hundreds of shards would otherwise end its load holding one descriptor per shard."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file as reference_save
+
+import instanttensor
+from conftest import same_bytes
+
+SHARDS = 12
+OPEN_KEPT = 2  # FileDescriptors::kOpenKept: idle descriptors a checkpoint keeps open
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """12 files of one 256 KiB tensor each, on a filesystem that takes O_DIRECT (not tmpfs)."""
+    torch.manual_seed(35)
+    tensors = {}
+    for i in range(SHARDS):
+        tensors[f"s{i:02d}"] = torch.randn(256, 256)
+        reference_save({f"s{i:02d}": tensors[f"s{i:02d}"]}, str(tmp_path / f"m{i:02d}.safetensors"))
+    return sorted(str(p) for p in tmp_path.iterdir()), tensors, str(tmp_path)
+
+
+def shard_descriptors(folder: str) -> int:
+    """Descriptors of this process that name a file of `folder`."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(folder + os.sep):
+                count += 1
+        except OSError:  # closed meanwhile (listdir's own descriptor)
+            pass
+    return count
+
+
+@pytest.mark.parametrize("backend", ["pread", "direct", "uring"])
+def test_a_pass_through_a_named_backend_holds_the_shards_it_is_reading(shards, backend):
+    files, tensors, folder = shards
+    # One shard's bytes ahead: reads of two or three shards are in flight at a time.
+    with instanttensor.safe_open(files, backend=backend, buffer_size=512 << 10,
+                                 concurrency=2) as f:
+        most = 0
+        for name, tensor in f.tensors():
+            most = max(most, shard_descriptors(folder))
+            assert same_bytes(tensor, tensors[name])
+        if backend != "pread":
+            assert "O_DIRECT" in f.stats()["backend"], f.stats()["backend"]
+        assert most <= 4, most  # 12 before: every shard's descriptor kept until close
+        assert shard_descriptors(folder) <= OPEN_KEPT
+    assert shard_descriptors(folder) == 0
+
+
+def test_random_access_and_load_into_release_each_shard_after_its_reads(shards):
+    files, tensors, folder = shards
+    with instanttensor.safe_open(files, backend="direct") as f:
+        for name in reversed(sorted(tensors)):
+            assert same_bytes(f.get_tensor(name), tensors[name])
+            assert shard_descriptors(folder) <= OPEN_KEPT
+        destinations = {name: torch.empty_like(t) for name, t in tensors.items()}
+        f.load_into(destinations)
+        assert shard_descriptors(folder) <= OPEN_KEPT
+    assert all(same_bytes(destinations[name], tensors[name]) for name in tensors)
+    assert shard_descriptors(folder) == 0
+
+
+def test_a_shard_replaced_before_its_direct_reads_is_refused_naming_it(shards):
+    # Its O_DIRECT descriptor is opened when its reads begin: checked to be the file validated at
+    # open (as the buffered ones are), so a file replaced by rename meanwhile is never read.
+    files, tensors, folder = shards
+    with instanttensor.safe_open(files, backend="direct", buffer_size=512 << 10,
+                                 concurrency=1) as f:
+        iterator = f.tensors()
+        name, tensor = next(iterator)
+        assert same_bytes(tensor, tensors[name])
+        replacement = os.path.join(folder, "replacement")
+        reference_save({"s11": torch.zeros(256, 256)}, replacement)
+        os.replace(replacement, files[-1])
+        with pytest.raises(OSError, match="m11.safetensors.*changed since it was opened"):
+            for name, tensor in iterator:
+                assert same_bytes(tensor, tensors[name])
