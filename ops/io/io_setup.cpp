@@ -46,6 +46,11 @@ int IoSetup::open_direct_again(size_t index) const {
   int fd = open_direct(path, &alignment);
   if (fd < 0) {
     const int error = errno;
+    if (error == ENOENT) {
+      throw Error(ErrorKind::Io, path, "",
+                  "file changed since it was opened (its path names no file: deleted before its "
+                  "O_DIRECT reads began)");
+    }
     throw Error(error_kind_for_errno(error), path, "",
                 std::string("cannot be opened again for O_DIRECT reads: ") + std::strerror(error));
   }

@@ -1,5 +1,7 @@
 #include "loader/access/random_access.h"
 
+#include <c10/util/ScopeExit.h>
+
 #include "loader/reads/read_tags.h"
 #include "loader/reads/timing.h"
 #include "loader/transfer/storage_views.h"
@@ -47,7 +49,8 @@ c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTen
   auto start = Clock::now();
   auto failure = reads_.wait_for(read_tags::kRandomAccess);
   stats_.wait_seconds += seconds_since(start);
-  reads_.release_if_idle(t.file_index);  // unless the pass is reading it too
+  // After the check below (by the descriptor while held), unless the pass is reading it too.
+  auto release = c10::make_scope_exit([&] { reads_.release_if_idle(t.file_index); });
   if (failure) throw read_failure_error(*failure, plan_.file_of(t), t.name());
   plan_.checkpoint->check_unchanged(t.file_index, t.name());  // written in place meanwhile?
   return storage;

@@ -199,6 +199,12 @@ const c10::Stream* ReadPass::loader_stream() const {
 
 std::pair<std::string, at::Tensor> ReadPass::hand_out(size_t item, ExchangeProtocol* gathers) {
   const auto& t = plan_.tensor_of_item(item);
+  if (item > 0) {
+    // The consumer moves past a file: its reads have landed and been checked (storage order
+    // keeps a file's items together).
+    const size_t behind = plan_.tensor_of_item(item - 1).file_index;
+    if (behind != t.file_index) reads_.release_if_idle(behind);
+  }
   ItemState& state = state_.items[item];
   GroupState& group = state_.groups[plan_.reads.group_of[item]];
   state_.next_item = item + 1;

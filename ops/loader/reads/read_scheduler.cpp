@@ -40,11 +40,6 @@ size_t ReadScheduler::submit(size_t file_index, const plan::AlignedRange& range,
   reads.held = true;
   if (through_buffered && !held_elsewhere) reads.release_buffered = true;
   file_of_fd_[fd] = file_index;
-  if (last_file_ != file_index) {
-    const size_t previous = last_file_;
-    last_file_ = file_index;
-    if (previous < files_.size()) release_if_done(previous);
-  }
   tags_[tag].pending += pieces.size();
   try {
     for (const auto& piece : pieces) {
@@ -64,27 +59,26 @@ void ReadScheduler::piece_done(int fd) {
   if (found == file_of_fd_.end()) return;
   const size_t file = found->second;
   if (files_[file].pieces > 0) files_[file].pieces -= 1;
-  release_if_done(file);
 }
 
-void ReadScheduler::release_if_done(size_t file) {
-  if (files_[file].held && files_[file].pieces == 0 && file != last_file_) release_file(file);
-}
-
-void ReadScheduler::release_if_idle(size_t file) {
+void ReadScheduler::release_if_idle(size_t file) noexcept {
   if (file < files_.size() && files_[file].held && files_[file].pieces == 0) release_file(file);
 }
 
-void ReadScheduler::release_idle_files() {
+void ReadScheduler::release_idle_files() noexcept {
   for (size_t file = 0; file < files_.size(); ++file) release_if_idle(file);
 }
 
-void ReadScheduler::release_file(size_t file) {
+void ReadScheduler::release_file(size_t file) noexcept {
   // Its O_DIRECT and buffered descriptors both: their numbers may name other files afterwards.
   for (auto it = file_of_fd_.begin(); it != file_of_fd_.end();) {
     it = it->second == file ? file_of_fd_.erase(it) : std::next(it);
   }
-  io_.release(file, files_[file].release_buffered);
+  try {
+    io_.release(file, files_[file].release_buffered);
+  } catch (...) {
+    // A lock that could not be taken: the descriptor stays open until close, nothing is lost.
+  }
   files_[file] = FileReads{};
 }
 
@@ -151,7 +145,6 @@ void ReadScheduler::drain() noexcept {
   for (size_t file = 0; file < files_.size(); ++file) {
     if (files_[file].held) release_file(file);
   }
-  last_file_ = SIZE_MAX;
   tags_.clear();
   failed_.clear();
 }

@@ -62,12 +62,14 @@ class ReadScheduler {
   // stops the wait there.
   void drain() noexcept;
   size_t in_flight() const { return backend_ ? backend_->in_flight() : 0; }
-  // Releases file `file` (release_idle_files: every file) if no piece of it is in flight, the
-  // file read last included: for reads made and waited for within one call (random access,
-  // load_into), which then hold no descriptor between calls, where the views pass may acquire
-  // the same files.
-  void release_if_idle(size_t file);
-  void release_idle_files();
+  // The descriptors of a file the scheduler read are held until this (or drain): released if no
+  // piece of file `file` (release_idle_files: of any file) is in flight. Callers release a file
+  // once they have checked its reads (check_unchanged goes by the descriptor while it is held,
+  // so a shard replaced by rename after its reads began still passes): the read pass when the
+  // consumer moves past the file, random access and load_into at the end of each call, which
+  // then hold nothing between calls, where the views pass may acquire the same files.
+  void release_if_idle(size_t file) noexcept;
+  void release_idle_files() noexcept;
   // Joins the workers. Call after drain().
   void stop() { backend_.reset(); }
   // In a forked child: the backend's workers were the parent's threads and are gone, so its
@@ -79,7 +81,6 @@ class ReadScheduler {
     failed_.clear();
     files_.clear();
     file_of_fd_.clear();
-    last_file_ = SIZE_MAX;
   }
 
  private:
@@ -98,12 +99,8 @@ class ReadScheduler {
   io::ReadBackend& backend();
   // Books one finished piece read through `fd`.
   void piece_done(int fd);
-  // A file is released (IoSetup::release) once no piece of it is in flight and reads have moved
-  // on to another file, so a pass over many shards holds those it is reading, and a file read
-  // tensor by tensor keeps its descriptor throughout (a rename meanwhile still reaches the
-  // reads at the inode validated, as when every descriptor was held to the end).
-  void release_if_done(size_t file);
-  void release_file(size_t file);
+  // Closes or releases the file's descriptors (IoSetup::release) and forgets them.
+  void release_file(size_t file) noexcept;
 
   io::IoSetup& io_;
   int threads_;
@@ -115,7 +112,6 @@ class ReadScheduler {
   std::set<uint64_t> failed_;
   std::vector<FileReads> files_;                // by file index, grown on submit
   std::unordered_map<int, size_t> file_of_fd_;  // descriptors of the files held
-  size_t last_file_ = SIZE_MAX;                 // the file of the last submission
 };
 
 }  // namespace instanttensor::loader
