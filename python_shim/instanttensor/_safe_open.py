@@ -17,7 +17,7 @@ from ._errors import (SafetensorFileNotFoundError, SafetensorTypeError, Safetens
 from ._frameworks import as_framework, framework_of
 from ._selection import Selection
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported by get_slice on first use: `import instanttensor` stays cheap
     from ._slicing import SafeSlice
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -331,8 +331,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
 
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy slice object (safetensors API); indexing reads only the needed rows."""
-        from ._slicing import SafeSlice  # on first use: `import instanttensor` stays cheap
-
+        from ._slicing import SafeSlice  # noqa: F811
         self._engine()
         return SafeSlice(self, name)
 
