@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+
+#include "instanttensor/error.h"
 
 namespace instanttensor::format {
 
@@ -27,6 +30,18 @@ bool same_file(const CheckpointFile& file, const struct stat& st) {
   return st.st_dev == file.device && st.st_ino == file.inode &&
          static_cast<uint64_t>(st.st_size) == file.size &&
          nanoseconds(st.st_mtim) == file.mtime_ns && nanoseconds(st.st_ctim) == file.ctime_ns;
+}
+
+bool same_contents(const CheckpointFile& file, const struct stat& st) {
+  std::string unused;
+  return st.st_dev == file.device && st.st_ino == file.inode &&
+         !changed_in_place(file, st, &unused);
+}
+
+void throw_changed_since_open(const CheckpointFile& file, const std::string& tensor, int error) {
+  const std::string why = error ? std::string("its path cannot be opened: ") + std::strerror(error)
+                                : std::string("its path names another file or a rewritten one");
+  throw Error(ErrorKind::Io, file.path, tensor, "file changed since it was opened (" + why + ")");
 }
 
 bool still_at_its_path(const CheckpointFile& file) {

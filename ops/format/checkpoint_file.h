@@ -31,6 +31,17 @@ void record_identity(CheckpointFile& file, const struct stat& st);
 // and status-change times. Pure.
 bool same_file(const CheckpointFile& file, const struct stat& st);
 
+// Whether `st` is `file` as validated in what a read depends on: device, inode, size and
+// modification time. Not the status-change time: chmod, chown or a new hard link set it, and
+// must not fail a load. Pure.
+bool same_contents(const CheckpointFile& file, const struct stat& st);
+
+// Error(Io) naming `file` and `tensor` (may be empty): "file changed since it was opened", with
+// `error` (an errno from opening its path again; 0: the path names another file or a rewritten
+// one) as the reason.
+[[noreturn]] void throw_changed_since_open(const CheckpointFile& file, const std::string& tensor,
+                                           int error);
+
 // Whether `file`'s path still names the file opened (a rewrite, a replacement by rename, a
 // deletion: false). Any thread.
 bool still_at_its_path(const CheckpointFile& file);

@@ -4,24 +4,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 
 #include "instanttensor/error.h"
 
 namespace instanttensor::format {
-
-namespace {
-
-// The file validated, unchanged in what check_unchanged watches (device, inode, size,
-// modification time). Not the status-change time: chmod, chown or a new hard link set it, and
-// must not fail a load.
-bool same_contents(const CheckpointFile& file, const struct stat& st) {
-  std::string unused;
-  return st.st_dev == file.device && st.st_ino == file.inode &&
-         !changed_in_place(file, st, &unused);
-}
-
-}  // namespace
 
 FileDescriptors::FileDescriptors(const std::vector<CheckpointFile>& files) : files_(files) {}
 
@@ -54,15 +40,15 @@ int FileDescriptors::acquire(size_t index) {
   struct stat st {};
   if (fds_[index] >= 0) {
     // Idle since its last use: the path must still name it, as for a descriptor opened anew.
-    if (::stat(file.path.c_str(), &st) != 0) throw_replaced(index, "", errno);
-    if (!same_contents(file, st)) throw_replaced(index, "", 0);
+    if (::stat(file.path.c_str(), &st) != 0) throw_changed_since_open(file, "", errno);
+    if (!same_contents(file, st)) throw_changed_since_open(file, "", 0);
     idle_.erase(std::find(idle_.begin(), idle_.end(), index));
   } else {
     const int fd = open_for_reading(file.path, &st);
-    if (fd < 0) throw_replaced(index, "", errno);
+    if (fd < 0) throw_changed_since_open(file, "", errno);
     if (!same_contents(file, st)) {
       ::close(fd);
-      throw_replaced(index, "", 0);
+      throw_changed_since_open(file, "", 0);
     }
     fds_[index] = fd;
   }
@@ -105,8 +91,9 @@ struct stat FileDescriptors::stat_now(size_t index, const std::string& tensor) c
     if (::fstat(fds_[index], &st) != 0) throw system_error(errno, file.path, "cannot stat");
     return st;
   }
-  if (::stat(file.path.c_str(), &st) != 0) throw_replaced(index, tensor, errno);
-  if (st.st_dev != file.device || st.st_ino != file.inode) throw_replaced(index, tensor, 0);
+  if (::stat(file.path.c_str(), &st) != 0) throw_changed_since_open(file, tensor, errno);
+  if (st.st_dev != file.device || st.st_ino != file.inode)
+    throw_changed_since_open(file, tensor, 0);
   return st;
 }
 
@@ -117,13 +104,6 @@ void FileDescriptors::trim_idle() {
     fd = -1;
     idle_.pop_front();
   }
-}
-
-void FileDescriptors::throw_replaced(size_t index, const std::string& tensor, int error) const {
-  std::string why = error ? std::string("its path cannot be opened: ") + std::strerror(error)
-                          : std::string("its path names another file or a rewritten one");
-  throw Error(ErrorKind::Io, files_[index].path, tensor,
-              "file changed since it was opened (" + why + ")");
 }
 
 }  // namespace instanttensor::format

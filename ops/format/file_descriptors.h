@@ -65,8 +65,6 @@ class FileDescriptors {
  private:
   // Closes idle descriptors, oldest first, while more than kOpenKept are open. Under mutex_.
   void trim_idle();
-  // Error(Io) naming file `index`: the path names another file or none.
-  [[noreturn]] void throw_replaced(size_t index, const std::string& tensor, int error) const;
 
   const std::vector<CheckpointFile>& files_;
   mutable std::mutex mutex_;

@@ -19,6 +19,7 @@
 
 #include "io/direct_io.h"
 #include "io/process_id.h"
+#include "io/thread_name.h"
 
 namespace instanttensor::io {
 
@@ -111,6 +112,7 @@ bool LeaseRegistry::start_watcher() {
   bool ok = true;
   try {
     std::thread([this, set, &started_mutex, &started, &tid] {
+      name_this_thread("it-lease-watch");
       {
         std::lock_guard<std::mutex> lock(started_mutex);
         tid = static_cast<pid_t>(::syscall(SYS_gettid));

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "format/checkpoint_file.h"
 #include "instanttensor/error.h"
 #include "io/direct_io.h"
 #include "io/read_method_probe.h"
@@ -46,25 +47,20 @@ int IoSetup::open_direct_again(size_t index) const {
   int fd = open_direct(path, &alignment);
   if (fd < 0) {
     const int error = errno;
-    if (error == ENOENT) {
-      throw Error(ErrorKind::Io, path, "",
-                  "file changed since it was opened (its path names no file: deleted before its "
-                  "O_DIRECT reads began)");
+    if (checkpoint_ && error == ENOENT) {
+      format::throw_changed_since_open(checkpoint_->files()[index], "", error);
     }
     throw Error(error_kind_for_errno(error), path, "",
                 std::string("cannot be opened again for O_DIRECT reads: ") + std::strerror(error));
   }
   if (checkpoint_) {
-    // The inode validated, as the buffered descriptors are (format::FileDescriptors): a file
-    // replaced by rename since the open is refused, not read.
+    // The file validated, as the buffered descriptors are (format::FileDescriptors): a file
+    // replaced by rename, deleted or rewritten since the open is refused, not read.
     const auto& validated = checkpoint_->files()[index];
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != validated.device ||
-        static_cast<uint64_t>(st.st_ino) != validated.inode) {
+    if (::fstat(fd, &st) != 0 || !format::same_contents(validated, st)) {
       ::close(fd);
-      throw Error(ErrorKind::Io, path, "",
-                  "file changed since it was opened (its path names another file: replaced by "
-                  "rename, or deleted, before its O_DIRECT reads began)");
+      format::throw_changed_since_open(validated, "", 0);
     }
   }
   return fd;

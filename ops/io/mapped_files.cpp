@@ -61,7 +61,7 @@ ReadCompletion copy_from_mapping(const MappedFiles& files, const ReadRequest& re
   auto start = std::chrono::steady_clock::now();
   ReadCompletion done;
   done.tag = request.tag;
-  done.fd = request.fd;
+  done.file = request.file;
   size_t index = MappedFiles::kNoFile;
   struct stat st {};
   if (::fstat(request.fd, &st) != 0) {

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "io/direct_io.h"
+#include "io/thread_name.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14; older headers lack the name, older kernels EINVAL
@@ -34,7 +35,11 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
     }
   }
   try {
-    for (int i = 0; i < thread_count_; ++i) workers_.emplace_back([this] { work(); });
+    for (int i = 0; i < thread_count_; ++i)
+      workers_.emplace_back([this] {
+        name_this_thread("it-read-ahead");
+        work();
+      });
   } catch (...) {
     // No thread to be had (a pid limit): read ahead with those started, or none; the consumer
     // faults pages in itself.

@@ -13,6 +13,7 @@
 #include "instanttensor/error.h"
 #include "io/fault_injection.h"
 #include "io/read_backend.h"
+#include "io/thread_name.h"
 
 namespace instanttensor::io {
 
@@ -22,7 +23,7 @@ ReadCompletion perform_read(const ReadRequest& request) {
   auto start = std::chrono::steady_clock::now();
   ReadCompletion done;
   done.tag = request.tag;
-  done.fd = request.fd;
+  done.file = request.file;
   char* dest = static_cast<char*>(request.dest);
   while (done.bytes < request.length) {
     // Linux caps one read at about 2 GiB; larger requests loop.
@@ -56,7 +57,11 @@ class WorkerPool final : public ReadBackend {
       : perform_(std::move(perform)) {
     workers_.reserve(threads);
     try {
-      for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+      for (int i = 0; i < threads; ++i)
+        workers_.emplace_back([this] {
+          name_this_thread("it-read");
+          work();
+        });
     } catch (const std::system_error& e) {
       stop_and_join();  // a joinable std::thread left behind would terminate the process
       throw Error(ErrorKind::Io, "", "", std::string("cannot start read workers: ") + e.what());

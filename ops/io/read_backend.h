@@ -26,6 +26,7 @@ struct ReadRequest {
   // Bytes that must arrive (0: all of `length`). An O_DIRECT read rounded up past the end of
   // the file legally stops early at EOF; only EOF before `required` is a truncated file.
   uint64_t required = 0;
+  size_t file = 0;  // the caller's label of the file read, returned untouched in the completion
 };
 
 // Bytes of `request` that must arrive before end of file.
@@ -35,7 +36,7 @@ inline uint64_t required_bytes(const ReadRequest& request) {
 
 struct ReadCompletion {
   uint64_t tag = 0;
-  int fd = -1;             // the request's, returned untouched
+  size_t file = 0;         // the request's, returned untouched
   int error = 0;           // errno of a failed read; 0 on success
   bool truncated = false;  // end of file came before `length` bytes: the file shrank
   uint64_t bytes = 0;      // bytes read

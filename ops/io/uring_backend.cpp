@@ -80,7 +80,7 @@ class UringBackend final : public ReadBackend {
       }
       ReadCompletion done;
       done.tag = slot.request.tag;
-      done.fd = slot.request.fd;
+      done.file = slot.request.file;
       bool finished = false;
       if (result < 0) {
         done.error = -result;

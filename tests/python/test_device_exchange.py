@@ -76,6 +76,19 @@ def test_a_file_changed_on_one_rank_raises_on_every_rank_of_the_device_exchange(
         assert_memory_back(result)
 
 
+def test_the_device_exchange_holds_no_shard_after_its_pass(tmp_path, checkpoint):
+    # The pass releases the last shard it read when it ends, as a pass alone does: a shard
+    # replaced by rename afterwards is refused by a later read, not served from the old file.
+    paths, expected, _ = checkpoint
+    results = run_ranks(tmp_path, copies_per_rank(tmp_path, paths, 2),
+                        {"copy": True, "chunk_size": 4096}, replace_after_pass=True, **DEVICE)
+    for result in results:
+        assert "error" not in result, result["error"]
+        assert result["digests"] == expected
+        assert "changed since it was opened" in result["after_replace"], result
+        assert_memory_back(result)
+
+
 def test_load_into_on_the_device_with_a_device_group_fills_every_destination(tmp_path,
                                                                              checkpoint):
     # load_into does not exchange: each rank fills its own destinations from its reads.

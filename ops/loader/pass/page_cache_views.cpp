@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "io/direct_io.h"
+#include "io/thread_name.h"
 #include "io/untouched_pages.h"
 #include "loader/pass/owned_copy.h"
 #include "loader/reads/timing.h"
@@ -297,6 +298,7 @@ void PageCacheViews::start_tail_read() noexcept {
     const int fd = plan_.checkpoint->descriptor(t.file_index);
     // Buffered preads, never the mapping: a file truncated meanwhile is a short read here.
     tail_.reader = std::thread([this, fd, to, offset = t.file_offset, nbytes = t.nbytes] {
+      io::name_this_thread("it-tail-read");
       auto read = io::read_into_untouched_pages(fd, offset, to, nbytes);
       tail_.complete = read.bytes == nbytes;
     });

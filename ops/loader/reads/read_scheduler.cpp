@@ -1,7 +1,6 @@
 #include "loader/reads/read_scheduler.h"
 
 #include <cstring>
-#include <iterator>
 
 namespace instanttensor::loader {
 
@@ -39,12 +38,11 @@ size_t ReadScheduler::submit(size_t file_index, const plan::AlignedRange& range,
   FileReads& reads = files_[file_index];
   reads.held = true;
   if (through_buffered && !held_elsewhere) reads.release_buffered = true;
-  file_of_fd_[fd] = file_index;
   tags_[tag].pending += pieces.size();
   try {
     for (const auto& piece : pieces) {
       backend().submit(io::ReadRequest{fd, range.begin + piece.offset, piece.length,
-                                       dest + piece.offset, tag, piece.required});
+                                       dest + piece.offset, tag, piece.required, file_index});
       reads.pieces += 1;  // counted once queued
     }
   } catch (...) {
@@ -54,11 +52,8 @@ size_t ReadScheduler::submit(size_t file_index, const plan::AlignedRange& range,
   return pieces.size();
 }
 
-void ReadScheduler::piece_done(int fd) {
-  auto found = file_of_fd_.find(fd);
-  if (found == file_of_fd_.end()) return;
-  const size_t file = found->second;
-  if (files_[file].pieces > 0) files_[file].pieces -= 1;
+void ReadScheduler::piece_done(size_t file) {
+  if (file < files_.size() && files_[file].pieces > 0) files_[file].pieces -= 1;
 }
 
 void ReadScheduler::release_if_idle(size_t file) noexcept {
@@ -70,10 +65,6 @@ void ReadScheduler::release_idle_files() noexcept {
 }
 
 void ReadScheduler::release_file(size_t file) noexcept {
-  // Its O_DIRECT and buffered descriptors both: their numbers may name other files afterwards.
-  for (auto it = file_of_fd_.begin(); it != file_of_fd_.end();) {
-    it = it->second == file ? file_of_fd_.erase(it) : std::next(it);
-  }
   try {
     io_.release(file, files_[file].release_buffered);
   } catch (...) {
@@ -87,7 +78,7 @@ void ReadScheduler::wait_one() {
   stats_.read_seconds += completion.seconds;
   stats_.bytes_read += completion.bytes;
   stats_.read_requests += 1;
-  piece_done(completion.fd);
+  piece_done(completion.file);
   auto found = tags_.find(completion.tag);
   if (found == tags_.end()) return;  // a forgotten tag (an abandoned pass)
   TagState& state = found->second;
@@ -138,7 +129,7 @@ void ReadScheduler::drain() noexcept {
     }
     stats_.bytes_read += completion.bytes;
     stats_.read_requests += 1;
-    piece_done(completion.fd);
+    piece_done(completion.file);
   }
   // Nothing is in flight now (a backend that could not complete has nothing left in the
   // kernel): every file is released, the last one read too; a later read checks it again.

@@ -80,7 +80,6 @@ class ReadScheduler {
     tags_.clear();
     failed_.clear();
     files_.clear();
-    file_of_fd_.clear();
   }
 
  private:
@@ -97,8 +96,8 @@ class ReadScheduler {
     bool release_buffered = false;
   };
   io::ReadBackend& backend();
-  // Books one finished piece read through `fd`.
-  void piece_done(int fd);
+  // Books one finished piece of file `file`.
+  void piece_done(size_t file);
   // Closes or releases the file's descriptors (IoSetup::release) and forgets them.
   void release_file(size_t file) noexcept;
 
@@ -110,8 +109,7 @@ class ReadScheduler {
   std::unique_ptr<io::ReadBackend> backend_;
   std::unordered_map<uint64_t, TagState> tags_;
   std::set<uint64_t> failed_;
-  std::vector<FileReads> files_;                // by file index, grown on submit
-  std::unordered_map<int, size_t> file_of_fd_;  // descriptors of the files held
+  std::vector<FileReads> files_;  // by file index, grown on submit
 };
 
 }  // namespace instanttensor::loader

@@ -51,7 +51,10 @@ std::optional<std::pair<std::string, at::Tensor>> ExchangingWalk::next() {
   PassState& state = reads_.state();
   const size_t items = reads_.plan().reads.items.size();
   if (state.error) throw *state.error;
-  if (state.started && state.next_item >= items) return std::nullopt;
+  if (state.started && state.next_item >= items) {
+    reads_.end();  // the last file's descriptors, as the other walks do
+    return std::nullopt;
+  }
   size_t item = state.started ? state.next_item : 0;
   if (item >= items) {  // an empty selection: the pass begins and ends here
     begin();

@@ -1,0 +1,15 @@
+// Names for the threads the loader starts, so that top -H, gdb, py-spy and
+// /proc/<pid>/task/*/comm tell them from the application's (they would all read "python3").
+#pragma once
+
+#include <pthread.h>
+
+namespace instanttensor::io {
+
+// Names the calling thread `name` (at most 15 characters, the kernel's limit). Best effort: a
+// refusal leaves the name it inherited. Call first in each thread the loader starts.
+inline void name_this_thread(const char* name) noexcept {
+  (void)pthread_setname_np(pthread_self(), name);
+}
+
+}  // namespace instanttensor::io
