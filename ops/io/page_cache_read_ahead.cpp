@@ -17,8 +17,11 @@ namespace instanttensor::io {
 
 PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
                                        const std::vector<MappedSpan>& spans, uint64_t window,
-                                       uint64_t chunk, int threads)
-    : files_(std::move(files)), window_(window), thread_count_(std::max(threads, 0)) {
+                                       uint64_t chunk, ReadAheadPolicy policy)
+    : files_(std::move(files)),
+      window_(window),
+      thread_count_(std::max(policy.workers, 0)),
+      advise_inline_(policy.advise_inline) {
   const uint64_t page = page_size();
   chunk = std::max(page, chunk / page * page);
   uint64_t position = 0;
@@ -66,6 +69,7 @@ void PageCacheReadAhead::advance(uint64_t position) {
     position_ = std::max(position_, position);
   }
   wake_->notify_all();
+  advise_window();
 }
 
 void PageCacheReadAhead::restart() {
@@ -77,6 +81,7 @@ void PageCacheReadAhead::restart() {
     active_ = true;
   }
   wake_->notify_all();
+  advise_window();
 }
 
 void PageCacheReadAhead::abandon_after_fork() {
@@ -90,7 +95,9 @@ void PageCacheReadAhead::abandon_after_fork() {
 }
 
 std::string PageCacheReadAhead::description() const {
-  if (thread_count_ == 0) return "no read-ahead";
+  if (thread_count_ == 0) {
+    return advise_inline_ ? "MADV_WILLNEED on the consumer's thread" : "no read-ahead";
+  }
   const char* how =
       method() == PopulateMethod::PopulateRead ? "MADV_POPULATE_READ" : "MADV_WILLNEED";
   return std::string(how) + ", " + std::to_string(thread_count_) + " workers";
@@ -101,23 +108,36 @@ void PageCacheReadAhead::work() {
     Chunk chunk{};
     {
       std::unique_lock<std::mutex> lock(*mutex_);
-      wake_->wait(lock, [&] {
-        // Chunks the consumer has passed already are skipped: populating them would map pages
-        // behind it again, after the views part unmapped them (a consumer faster than the
-        // storage grew resident memory by the whole file).
-        while (next_chunk_ < chunks_.size() &&
-               chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_) {
-          ++next_chunk_;
-        }
-        const uint64_t ahead_limit =
-            position_ > UINT64_MAX - window_ ? UINT64_MAX : position_ + window_;
-        return stopping_ || (active_ && next_chunk_ < chunks_.size() &&
-                             chunks_[next_chunk_].position < ahead_limit);
-      });
+      wake_->wait(lock, [&] { return stopping_ || (active_ && next_chunk_within_window()); });
       if (stopping_) return;
       chunk = chunks_[next_chunk_++];
     }
     populate(chunk);
+  }
+}
+
+bool PageCacheReadAhead::next_chunk_within_window() {
+  // Chunks the consumer has passed already are skipped: populating them would map pages behind
+  // it again, after the views part unmapped them (a consumer faster than the storage grew
+  // resident memory by the whole file).
+  while (next_chunk_ < chunks_.size() &&
+         chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_) {
+    ++next_chunk_;
+  }
+  const uint64_t ahead_limit = position_ > UINT64_MAX - window_ ? UINT64_MAX : position_ + window_;
+  return next_chunk_ < chunks_.size() && chunks_[next_chunk_].position < ahead_limit;
+}
+
+void PageCacheReadAhead::advise_window() {
+  if (thread_count_ > 0 || !advise_inline_) return;
+  std::lock_guard<std::mutex> lock(*mutex_);  // no worker to contend with
+  while (next_chunk_within_window()) {
+    const Chunk& chunk = chunks_[next_chunk_++];
+    // Advice: a chunk refused (past a truncated end) is left to the consumer's own faults.
+    if (::madvise(chunk.data, chunk.length, MADV_WILLNEED) == 0) {
+      chunks_populated_ += 1;
+      bytes_populated_ += chunk.length;
+    }
   }
 }
 

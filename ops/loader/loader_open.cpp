@@ -251,15 +251,22 @@ std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::Mapped
     return std::make_unique<loader::MappedPass>(plan_, *io_, memory_->factory(), stats_);
   }
   if (mode.host_views) {
-    // Small checkpoints: the consumer's own page faults cost less than starting workers.
-    int threads = options_.concurrency ? options_.concurrency : plan::defaults::kConcurrency;
-    if (!options_.concurrency && plan_.reads.total_bytes <= kInlineReadBytes) threads = 0;
-    // Files in the page cache: populating maps pages the consumer's own faults map as fast (16
-    // at a time), and on few cores the workers take the consumer's time (1 GB warm: 0.35-0.5 s
-    // with 2-4 workers against 0.13 s with none).
-    if (!options_.concurrency && io_->mostly_resident()) threads = 0;
+    io::ReadAheadPolicy read_ahead;
+    read_ahead.workers = options_.concurrency ? options_.concurrency : plan::defaults::kConcurrency;
+    if (!options_.concurrency) {
+      // Small checkpoints: starting workers costs more than the reads; the consumer's thread
+      // only advises the kernel to fetch them, every file at once, if they are not cached.
+      if (plan_.reads.total_bytes <= kInlineReadBytes) {
+        read_ahead.workers = 0;
+        read_ahead.advise_inline = true;
+      }
+      // Files in the page cache: populating maps pages the consumer's own faults map as fast
+      // (16 at a time), and on few cores the workers take the consumer's time (1 GB warm:
+      // 0.35-0.5 s with 2-4 workers against 0.13 s with none).
+      if (io_->mostly_resident()) read_ahead = io::ReadAheadPolicy{};
+    }
     return std::make_unique<loader::ViewPass>(plan_, std::move(mapping), memory_->factory(), stats_,
-                                              plan_.memory.buffer_size, threads);
+                                              plan_.memory.buffer_size, read_ahead);
   }
   return std::make_unique<loader::ReadPass>(plan_, *reads_, *memory_, options_.device,
                                             options_.copy, rank, stats_);

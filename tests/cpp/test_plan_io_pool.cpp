@@ -138,7 +138,7 @@ TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
   {
     // Two spans, the second starting mid-page: chunks are page-aligned and cover both.
     io::PageCacheReadAhead ahead(files, {{0, 0, 3 * mib}, {0, 3 * mib + 100, 8 * mib}},
-                                 /*window=*/2 * mib, /*chunk=*/mib, /*threads=*/2);
+                                 /*window=*/2 * mib, /*chunk=*/mib, io::ReadAheadPolicy{2});
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     EXPECT_EQ(ahead.chunks_populated(), 0u);  // nothing before a pass begins
     ahead.restart();
@@ -155,15 +155,29 @@ TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
     EXPECT_TRUE(eventually([&] { return ahead.chunks_populated() == 7; }));
   }
   {
-    io::PageCacheReadAhead none(files, {{0, 0, 8 * mib}}, 8 * mib, mib, 0);
+    io::PageCacheReadAhead none(files, {{0, 0, 8 * mib}}, 8 * mib, mib, io::ReadAheadPolicy{});
     none.advance(mib);
     EXPECT_EQ(none.chunks_populated(), 0u);
     EXPECT_EQ(none.description(), "no read-ahead");
   }
   {
+    // No workers, advice on the consumer's thread: done when advance() returns, within the
+    // window only, each chunk once per pass.
+    io::PageCacheReadAhead advised(files, {{0, 0, 8 * mib}}, 2 * mib, mib,
+                                   io::ReadAheadPolicy{0, /*advise_inline=*/true});
+    EXPECT_EQ(advised.chunks_populated(), 0u);
+    advised.restart();
+    EXPECT_EQ(advised.chunks_populated(), 2u);
+    advised.advance(mib / 2);
+    EXPECT_EQ(advised.chunks_populated(), 3u);  // 2 MiB now within; 0 and 1 MiB not again
+    advised.advance(5 * mib);
+    EXPECT_EQ(advised.chunks_populated(), 5u);  // 5 and 6 MiB; 3 and 4 MiB, passed, skipped
+    EXPECT_EQ(advised.description(), "MADV_WILLNEED on the consumer's thread");
+  }
+  {
     // A file truncated under the mapping: population is advice, never SIGBUS in a worker.
     ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(mib)), 0);
-    io::PageCacheReadAhead ahead(files, {{0, 0, 8 * mib}}, 8 * mib, mib, 2);
+    io::PageCacheReadAhead ahead(files, {{0, 0, 8 * mib}}, 8 * mib, mib, io::ReadAheadPolicy{2});
     ahead.advance(1);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_LE(ahead.chunks_populated(), 8u);

@@ -336,6 +336,29 @@ def test_a_checkpoint_larger_than_the_read_ahead_window_keeps_resident_memory_bo
     assert 0 < peak < 48 * 1024, peak  # 0: the mapping was not found, nothing was measured
 
 
+def test_a_small_cold_checkpoint_is_fetched_on_advice_and_a_cached_one_is_not(tmp_path):
+    # No read-ahead workers below 8 MiB: the consumer's thread advises the kernel to fetch every
+    # shard at once instead of faulting them in one after another. Cached, nothing is advised.
+    # Shards of 512 KiB: reading a header brings a file's first pages in, a small file whole.
+    from instanttensor._demo_bench import evict, warm_up
+
+    torch.manual_seed(36)
+    shards = {f"s{i:02d}": torch.randn(128, 1024) for i in range(12)}
+    files = [str(tmp_path / f"m{i:02d}.safetensors") for i in range(12)]
+    for path, (name, tensor) in zip(files, shards.items()):
+        reference_save({name: tensor}, path)
+    if evict(files) > 0.5:
+        pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
+    with instanttensor.safe_open(files) as f:
+        for name, tensor in f.tensors():
+            assert same_bytes(tensor, shards[name]), name
+        assert "MADV_WILLNEED on the consumer's thread" in f.stats()["backend"], f.stats()
+    warm_up(files)
+    with instanttensor.safe_open(files) as f:
+        assert all(same_bytes(t, shards[n]) for n, t in f.tensors())
+        assert "no read-ahead" in f.stats()["backend"], f.stats()
+
+
 def test_misaligned_tensors_are_handed_out_aligned(tmp_path):
     # A header whose length is not a multiple of 8 puts every tensor off its dtype's alignment.
     import json

@@ -54,7 +54,8 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 }
 
 PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
-                               TensorFactory& factory, Stats& stats, uint64_t window, int threads)
+                               TensorFactory& factory, Stats& stats, uint64_t window,
+                               io::ReadAheadPolicy read_ahead)
     : plan_(plan),
       factory_(factory),
       stats_(stats),
@@ -87,8 +88,8 @@ PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::M
     }
   }
   dropped_up_to_.assign(plan_.checkpoint->files().size(), 0);
-  read_ahead_ =
-      std::make_unique<io::PageCacheReadAhead>(mapping_, spans, window, plan_.chunk_size, threads);
+  read_ahead_ = std::make_unique<io::PageCacheReadAhead>(mapping_, spans, window, plan_.chunk_size,
+                                                         read_ahead);
 }
 
 PageCacheViews::~PageCacheViews() {

@@ -50,10 +50,11 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
 class PageCacheViews {
  public:
-  // Over `mapping` (map_for_views of the plan's checkpoint), with `threads` read-ahead workers
-  // (0: none). `plan`, `factory` and `stats` outlive this part.
+  // Over `mapping` (map_for_views of the plan's checkpoint), its next `window` bytes brought in
+  // as `read_ahead` says. `plan`, `factory` and `stats` outlive this part.
   PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
-                 TensorFactory& factory, Stats& stats, uint64_t window, int threads);
+                 TensorFactory& factory, Stats& stats, uint64_t window,
+                 io::ReadAheadPolicy read_ahead);
   ~PageCacheViews();
   PageCacheViews(const PageCacheViews&) = delete;
   PageCacheViews& operator=(const PageCacheViews&) = delete;

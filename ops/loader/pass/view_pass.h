@@ -17,7 +17,7 @@ class ViewPass : public Pass {
   // Over `mapping` (map_for_views), with `threads` read-ahead workers within `window` bytes
   // ahead of the consumer. `plan`, `factory` and `stats` outlive the pass.
   ViewPass(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
-           TensorFactory& factory, Stats& stats, uint64_t window, int threads);
+           TensorFactory& factory, Stats& stats, uint64_t window, io::ReadAheadPolicy read_ahead);
 
   std::optional<Error> settle(size_t item) override { return views_->settle(item); }
   // The view of `item`. A file changed since open fails the pass (Error(Io) naming it).
