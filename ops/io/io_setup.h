@@ -45,8 +45,9 @@ class IoSetup {
 
   // The fd reads of file `index` go to (its O_DIRECT one, else buffered_fd), open until
   // release(index). The O_DIRECT one is opened on first need and checked to be the file
-  // validated (device and inode). Throws Error(Io) naming the file when it has to be opened
-  // again and is no longer the file validated, or cannot be opened. Consumer thread.
+  // validated (device, inode, size, modification time). Throws Error(Io) naming the file when it
+  // has to be opened again and is no longer the file validated, or cannot be opened. Consumer
+  // thread.
   int read_fd(size_t index) const;
   // Whether file `index` is read through an O_DIRECT descriptor.
   bool reads_direct(size_t index) const { return direct_[index]; }

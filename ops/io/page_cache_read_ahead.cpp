@@ -15,6 +15,13 @@
 
 namespace instanttensor::io {
 
+namespace {
+
+// Bytes per MADV_WILLNEED call on the consumer's thread (a multiple of any page size).
+constexpr uint64_t kAdviceSlice = 128ull << 10;
+
+}  // namespace
+
 PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
                                        const std::vector<MappedSpan>& spans, uint64_t window,
                                        uint64_t chunk, ReadAheadPolicy policy)
@@ -38,11 +45,10 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
     }
   }
   try {
-    for (int i = 0; i < thread_count_; ++i)
-      workers_.emplace_back([this] {
-        name_this_thread("it-read-ahead");
-        work();
-      });
+    for (int i = 0; i < thread_count_; ++i) {
+      workers_.emplace_back([this] { work(); });
+      name_thread(workers_.back(), "it-read-ahead");
+    }
   } catch (...) {
     // No thread to be had (a pid limit): read ahead with those started, or none; the consumer
     // faults pages in itself.
@@ -133,8 +139,15 @@ void PageCacheReadAhead::advise_window() {
   std::lock_guard<std::mutex> lock(*mutex_);  // no worker to contend with
   while (next_chunk_within_window()) {
     const Chunk& chunk = chunks_[next_chunk_++];
-    // Advice: a chunk refused (past a truncated end) is left to the consumer's own faults.
-    if (::madvise(chunk.data, chunk.length, MADV_WILLNEED) == 0) {
+    // In slices: the kernel reads at most a device's read-ahead size (128 KiB by default) per
+    // call of the advice on a file mapping. Advice: a slice refused (past a truncated end) is
+    // left to the consumer's own faults.
+    bool advised = true;
+    for (uint64_t at = 0; at < chunk.length; at += kAdviceSlice) {
+      const uint64_t length = std::min(kAdviceSlice, chunk.length - at);
+      advised = ::madvise(chunk.data + at, length, MADV_WILLNEED) == 0 && advised;
+    }
+    if (advised) {
       chunks_populated_ += 1;
       bytes_populated_ += chunk.length;
     }

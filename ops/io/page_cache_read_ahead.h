@@ -60,9 +60,12 @@ class PageCacheReadAhead {
   PageCacheReadAhead& operator=(const PageCacheReadAhead&) = delete;
 
   // The consumer now reads at `position` (bytes of the spans before it, in order): workers may
-  // populate chunks that start before position + window. Positions only grow within a pass.
+  // populate chunks that start before position + window; with `advise_inline`, this call
+  // advises them itself (madvise on the caller's thread, returning before the reads end).
+  // Positions only grow within a pass.
   void advance(uint64_t position);
-  // A new pass: population starts again from the first chunk (resident pages cost little).
+  // A new pass: population (or advice) starts again from the first chunk (resident pages cost
+  // little).
   void restart();
   // In a forked child: the workers were the parent's; nothing is joined, nothing more populated.
   void abandon_after_fork();

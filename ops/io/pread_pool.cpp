@@ -57,11 +57,10 @@ class WorkerPool final : public ReadBackend {
       : perform_(std::move(perform)) {
     workers_.reserve(threads);
     try {
-      for (int i = 0; i < threads; ++i)
-        workers_.emplace_back([this] {
-          name_this_thread("it-read");
-          work();
-        });
+      for (int i = 0; i < threads; ++i) {
+        workers_.emplace_back([this] { work(); });
+        name_thread(workers_.back(), "it-read");
+      }
     } catch (const std::system_error& e) {
       stop_and_join();  // a joinable std::thread left behind would terminate the process
       throw Error(ErrorKind::Io, "", "", std::string("cannot start read workers: ") + e.what());

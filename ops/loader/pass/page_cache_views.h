@@ -31,7 +31,8 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // The host target's way through a pass (copy=true and copy=false alike, not the explicit
 // mmap+borrow contract): nothing is read into loader memory. Each tensor handed out is a view of
 // a private mapping of its file, through a storage of its own of which this part keeps one
-// reference; read-ahead workers populate the mapping up to `window` bytes ahead of the consumer.
+// reference; read-ahead workers populate the mapping up to `window` bytes ahead of the consumer
+// (a small selection: the consumer's thread advises the kernel to fetch them instead).
 // When the consumer asks for the next tensor, every view handed out before the one it asked for
 // last (which a `for` loop still binds) is checked: one dropped costs nothing; one of 1 MiB or
 // more (or a smaller one, once another view of its file was kept) still held elsewhere stays a

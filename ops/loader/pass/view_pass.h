@@ -14,8 +14,8 @@ namespace instanttensor::loader {
 
 class ViewPass : public Pass {
  public:
-  // Over `mapping` (map_for_views), with `threads` read-ahead workers within `window` bytes
-  // ahead of the consumer. `plan`, `factory` and `stats` outlive the pass.
+  // Over `mapping` (map_for_views), its next `window` bytes brought in as `read_ahead` says
+  // (workers, or advice on the consumer's thread). `plan`, `factory` and `stats` outlive the pass.
   ViewPass(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
            TensorFactory& factory, Stats& stats, uint64_t window, io::ReadAheadPolicy read_ahead);
 
