@@ -33,8 +33,12 @@ class Error : public std::runtime_error {
 // NotFound for ENOENT/ENOTDIR, Permission for EACCES/EPERM, Io for anything else.
 ErrorKind error_kind_for_errno(int errno_value) noexcept;
 
+// The system's text for `errno_value` ("No such file or directory"). Any thread: std::strerror
+// may share one buffer between threads.
+std::string errno_message(int errno_value);
+
 // Builds the Error for a failed system call: the kind follows errno (ENOENT -> NotFound,
-// EACCES/EPERM -> Permission, anything else -> Io) and strerror is appended to `what`.
+// EACCES/EPERM -> Permission, anything else -> Io) and errno_message is appended to `what`.
 Error system_error(int errno_value, const std::string& file, const std::string& what);
 
 }  // namespace instanttensor

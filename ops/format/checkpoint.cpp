@@ -108,11 +108,7 @@ void Checkpoint::check_unchanged() const {
 void Checkpoint::check_unchanged(size_t file_index, const std::string& tensor) const {
   const auto& file = files_.at(file_index);
   const struct stat st = descriptors_.stat_now(file_index, tensor);
-  std::string what;
-  if (changed_in_place(file, st, &what)) {
-    throw Error(ErrorKind::Io, file.path, tensor,
-                "file changed since it was opened (" + what + ")");
-  }
+  if (!same_contents(file, st)) throw_changed_since_open(file, tensor, st);
 }
 
 }  // namespace instanttensor::format

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 
 #include "instanttensor/error.h"
 
@@ -38,10 +37,27 @@ bool same_contents(const CheckpointFile& file, const struct stat& st) {
          !changed_in_place(file, st, &unused);
 }
 
-void throw_changed_since_open(const CheckpointFile& file, const std::string& tensor, int error) {
-  const std::string why = error ? std::string("its path cannot be opened: ") + std::strerror(error)
-                                : std::string("its path names another file or a rewritten one");
-  throw Error(ErrorKind::Io, file.path, tensor, "file changed since it was opened (" + why + ")");
+void throw_changed_since_open(const CheckpointFile& file, const std::string& tensor,
+                              const struct stat& st) {
+  std::string how = "its path names another file";
+  if (st.st_dev == file.device && st.st_ino == file.inode) changed_in_place(file, st, &how);
+  throw Error(ErrorKind::Io, file.path, tensor, "file changed since it was opened (" + how + ")");
+}
+
+void throw_reopen_failed(const CheckpointFile& file, const std::string& tensor, int error) {
+  const std::string reason = errno_message(error);
+  switch (error) {
+    case ENOENT:
+    case ENOTDIR:
+    case EACCES:
+    case EPERM:
+    case ELOOP:
+      throw Error(ErrorKind::Io, file.path, tensor,
+                  "file changed since it was opened (its path cannot be opened: " + reason + ")");
+    default:
+      throw Error(error_kind_for_errno(error), file.path, tensor,
+                  "cannot be opened again: " + reason);
+  }
 }
 
 bool still_at_its_path(const CheckpointFile& file) {

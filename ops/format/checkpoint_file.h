@@ -37,10 +37,17 @@ bool same_file(const CheckpointFile& file, const struct stat& st);
 bool same_contents(const CheckpointFile& file, const struct stat& st);
 
 // Error(Io) naming `file` and `tensor` (may be empty): "file changed since it was opened", with
-// `error` (an errno from opening its path again; 0: the path names another file or a rewritten
-// one) as the reason.
+// how `st` (a stat of its path or descriptor now, not same_contents) differs: another file at
+// the path, or this one rewritten ("size 10 -> 12", "same size, modified in place").
 [[noreturn]] void throw_changed_since_open(const CheckpointFile& file, const std::string& tensor,
-                                           int error);
+                                           const struct stat& st);
+
+// The error for `file`'s path failing to open or stat again with `error` (an errno): a path
+// that no longer leads to it (ENOENT, ENOTDIR, EACCES, EPERM, ELOOP) is "file changed since it
+// was opened"; anything else (EMFILE, EIO, ...) is the system's error, "cannot be opened again".
+// Both name `file` and `tensor` (may be empty).
+[[noreturn]] void throw_reopen_failed(const CheckpointFile& file, const std::string& tensor,
+                                      int error);
 
 // Whether `file`'s path still names the file opened (a rewrite, a replacement by rename, a
 // deletion: false). Any thread.

@@ -1,7 +1,7 @@
 #include "instanttensor/error.h"
 
 #include <cerrno>
-#include <cstring>
+#include <system_error>
 
 namespace instanttensor {
 
@@ -45,9 +45,11 @@ ErrorKind error_kind_for_errno(int errno_value) noexcept {
   return ErrorKind::Io;
 }
 
+std::string errno_message(int errno_value) { return std::generic_category().message(errno_value); }
+
 Error system_error(int errno_value, const std::string& file, const std::string& what) {
   return Error(error_kind_for_errno(errno_value), file, "",
-               what + ": " + std::strerror(errno_value));
+               what + ": " + errno_message(errno_value));
 }
 
 }  // namespace instanttensor

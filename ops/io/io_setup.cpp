@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <optional>
 
 #include "format/checkpoint_file.h"
@@ -47,20 +46,22 @@ int IoSetup::open_direct_again(size_t index) const {
   int fd = open_direct(path, &alignment);
   if (fd < 0) {
     const int error = errno;
-    if (checkpoint_ && error == ENOENT) {
-      format::throw_changed_since_open(checkpoint_->files()[index], "", error);
-    }
-    throw Error(error_kind_for_errno(error), path, "",
-                std::string("cannot be opened again for O_DIRECT reads: ") + std::strerror(error));
+    if (checkpoint_) format::throw_reopen_failed(checkpoint_->files()[index], "", error);
+    throw system_error(error, path, "cannot be opened again for O_DIRECT reads");
   }
   if (checkpoint_) {
     // The file validated, as the buffered descriptors are (format::FileDescriptors): a file
     // replaced by rename, deleted or rewritten since the open is refused, not read.
     const auto& validated = checkpoint_->files()[index];
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !format::same_contents(validated, st)) {
+    if (::fstat(fd, &st) != 0) {
+      const int error = errno;
       ::close(fd);
-      format::throw_changed_since_open(validated, "", 0);
+      throw system_error(error, path, "cannot stat after opening again for O_DIRECT reads");
+    }
+    if (!format::same_contents(validated, st)) {
+      ::close(fd);
+      format::throw_changed_since_open(validated, "", st);
     }
   }
   return fd;

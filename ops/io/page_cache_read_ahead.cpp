@@ -17,8 +17,21 @@ namespace instanttensor::io {
 
 namespace {
 
-// Bytes per MADV_WILLNEED call on the consumer's thread (a multiple of any page size).
+// Bytes per MADV_WILLNEED call (a multiple of any page size): on a file mapping the kernel
+// reads at most a device's read-ahead size (128 KiB by default) per call of the advice.
 constexpr uint64_t kAdviceSlice = 128ull << 10;
+
+// MADV_WILLNEED over [data, data + length) (data page-aligned), in slices of kAdviceSlice;
+// false when any slice is refused (past a truncated end). Advice: what is refused is left to
+// the consumer's own faults. Any thread.
+bool advise_will_need(uint8_t* data, uint64_t length) {
+  bool advised = true;
+  for (uint64_t at = 0; at < length; at += kAdviceSlice) {
+    const uint64_t slice = std::min(kAdviceSlice, length - at);
+    advised = ::madvise(data + at, slice, MADV_WILLNEED) == 0 && advised;
+  }
+  return advised;
+}
 
 }  // namespace
 
@@ -139,15 +152,7 @@ void PageCacheReadAhead::advise_window() {
   std::lock_guard<std::mutex> lock(*mutex_);  // no worker to contend with
   while (next_chunk_within_window()) {
     const Chunk& chunk = chunks_[next_chunk_++];
-    // In slices: the kernel reads at most a device's read-ahead size (128 KiB by default) per
-    // call of the advice on a file mapping. Advice: a slice refused (past a truncated end) is
-    // left to the consumer's own faults.
-    bool advised = true;
-    for (uint64_t at = 0; at < chunk.length; at += kAdviceSlice) {
-      const uint64_t length = std::min(kAdviceSlice, chunk.length - at);
-      advised = ::madvise(chunk.data + at, length, MADV_WILLNEED) == 0 && advised;
-    }
-    if (advised) {
+    if (advise_will_need(chunk.data, chunk.length)) {
       chunks_populated_ += 1;
       bytes_populated_ += chunk.length;
     }
@@ -170,7 +175,7 @@ void PageCacheReadAhead::populate(const Chunk& chunk) {
     if (errno != EINVAL) return;
     method_ = PopulateMethod::WillNeed;
   }
-  if (::madvise(chunk.data, chunk.length, MADV_WILLNEED) == 0) {
+  if (advise_will_need(chunk.data, chunk.length)) {
     chunks_populated_ += 1;
     bytes_populated_ += chunk.length;
   }

@@ -1,6 +1,5 @@
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <string>
 #include <thread>
@@ -25,7 +24,7 @@ class UringBackend final : public ReadBackend {
     int rc = injected_uring_setup_failure() ? -EPERM : io_uring_queue_init(depth_, &ring_, 0);
     if (rc < 0) {
       throw Error(ErrorKind::Io, "", "",
-                  std::string("io_uring is unavailable: ") + std::strerror(-rc));
+                  std::string("io_uring is unavailable: ") + errno_message(-rc));
     }
     slots_.resize(depth_);
     for (unsigned i = 0; i < depth_; ++i) free_slots_.push_back(i);
@@ -61,7 +60,7 @@ class UringBackend final : public ReadBackend {
       if (rc == -EINTR) continue;
       if (rc < 0)
         throw Error(ErrorKind::Io, "", "",
-                    std::string("io_uring wait failed: ") + std::strerror(-rc));
+                    std::string("io_uring wait failed: ") + errno_message(-rc));
       unsigned index = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
       int result = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
@@ -148,7 +147,7 @@ class UringBackend final : public ReadBackend {
       } else if (rc == -EAGAIN || rc == -EBUSY) {
         return;
       } else {  // 0 submitted with entries prepared would never progress either
-        broken_ = std::string("io_uring submit failed: ") + std::strerror(rc < 0 ? -rc : EIO);
+        broken_ = std::string("io_uring submit failed: ") + errno_message(rc < 0 ? -rc : EIO);
       }
     }
   }

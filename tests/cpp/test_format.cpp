@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -584,6 +585,90 @@ TEST(CheckpointDescriptors, ManyFilesHoldFewAndAReplacedFileIsRefusedUntilItIsRe
   EXPECT_TRUE(checkpoint.descriptor(3) >= 0);
   checkpoint.close_files();
   EXPECT_EQ(testing::open_fd_count(), before);
+}
+
+TEST(CheckpointDescriptors, AFileTakenAgainSaysHowItChanged) {
+  TempDir dir;
+  std::vector<std::string> paths;
+  for (int i = 0; i < 4; ++i) {
+    paths.push_back(dir.file("c" + std::to_string(i) + ".safetensors"));
+    format::write_safetensors(
+        paths.back(), {writer_tensor("t" + std::to_string(i), Dtype::F32, {1}, "xxxx")}, nullptr);
+  }
+  format::Checkpoint checkpoint(paths);
+  auto refusal = [&](size_t i) -> std::string {
+    try {
+      checkpoint.descriptor(i);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Io) << e.what();
+      EXPECT_NE(std::string(e.what()).find(paths[i]), std::string::npos) << e.what();
+      return e.what();
+    }
+    return "handed out";
+  };
+  // Rewritten in place: grown, then the same size with a new modification time.
+  int fd = ::open(paths[0].c_str(), O_WRONLY | O_APPEND);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "zz", 2), 2);
+  ::close(fd);
+  const uint64_t size = checkpoint.files()[0].size;
+  EXPECT_NE(refusal(0).find("file changed since it was opened (size " + std::to_string(size) +
+                            " -> " + std::to_string(size + 2) + ")"),
+            std::string::npos);
+  fd = ::open(paths[1].c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const struct timespec later[2] = {{0, UTIME_OMIT}, {1'000'000'000, 0}};
+  ASSERT_EQ(::pwrite(fd, "y", 1, static_cast<off_t>(checkpoint.files()[1].size - 1)), 1);
+  ASSERT_EQ(::futimens(fd, later), 0);
+  ::close(fd);
+  EXPECT_NE(refusal(1).find("(same size, modified in place)"), std::string::npos);
+  // Another file at its path; no file at its path.
+  const std::string replacement = dir.file("replacement");
+  format::write_safetensors(replacement, {writer_tensor("t2", Dtype::F32, {1}, "yyyy")}, nullptr);
+  ASSERT_EQ(::rename(replacement.c_str(), paths[2].c_str()), 0);
+  EXPECT_NE(refusal(2).find("(its path names another file)"), std::string::npos);
+  ASSERT_EQ(::unlink(paths[3].c_str()), 0);
+  EXPECT_NE(refusal(3).find("(its path cannot be opened: No such file or directory)"),
+            std::string::npos);
+  // check_unchanged says the same, naming the tensor.
+  try {
+    checkpoint.check_unchanged(1, "t1");
+    ADD_FAILURE() << "a file modified in place passed the check";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 't1': file changed since it was opened (same "
+                                         "size, modified in place)"),
+              std::string::npos)
+        << e.what();
+  }
+  checkpoint.close_files();
+}
+
+TEST(CheckpointDescriptors, OnlyAPathThatNoLongerLeadsToTheFileIsCalledChanged) {
+  format::CheckpointFile file;
+  file.path = "/models/a.safetensors";
+  auto message = [&](int error, ErrorKind* kind) -> std::string {
+    try {
+      format::throw_reopen_failed(file, "w", error);
+    } catch (const Error& e) {
+      *kind = e.kind();
+      return e.what();
+    }
+    return "";
+  };
+  ErrorKind kind{};
+  for (int error : {ENOENT, ENOTDIR, EACCES, EPERM, ELOOP}) {
+    const std::string text = message(error, &kind);
+    EXPECT_NE(text.find("/models/a.safetensors: tensor 'w': file changed since it was opened "
+                        "(its path cannot be opened: "),
+              std::string::npos)
+        << text;
+    EXPECT_EQ(kind, ErrorKind::Io);
+  }
+  // Out of descriptors or a failing disk: the file may be as it was; the system's error says so.
+  const std::string text = message(EMFILE, &kind);
+  EXPECT_NE(text.find("cannot be opened again: Too many open files"), std::string::npos) << text;
+  EXPECT_EQ(text.find("changed since"), std::string::npos) << text;
+  EXPECT_EQ(kind, ErrorKind::Io);
 }
 
 TEST(CheckpointIndex, FileErrorsCarryKindAndNameAndLeakNoFd) {

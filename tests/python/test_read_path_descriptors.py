@@ -78,9 +78,11 @@ def test_random_access_and_load_into_release_each_shard_after_its_reads(shards):
     assert shard_descriptors(folder) == 0
 
 
-def test_a_shard_replaced_before_its_direct_reads_is_refused_naming_it(shards):
+@pytest.mark.parametrize("change", ["replaced", "grown"])
+def test_a_shard_changed_before_its_direct_reads_is_refused_naming_it_and_how(shards, change):
     # Its O_DIRECT descriptor is opened when its reads begin: checked to be the file validated at
-    # open (as the buffered ones are), so a file replaced by rename meanwhile is never read.
+    # open (as the buffered ones are), so a file replaced by rename or rewritten in place
+    # meanwhile is never read, and the error says which.
     files, tensors, folder = shards
     with instanttensor.safe_open(files, backend="direct", buffer_size=512 << 10,
                                  concurrency=1) as f:
@@ -88,10 +90,17 @@ def test_a_shard_replaced_before_its_direct_reads_is_refused_naming_it(shards):
         name, tensor = next(iterator)
         skip_without_direct_io(f, "direct")
         assert same_bytes(tensor, tensors[name])
-        replacement = os.path.join(folder, "replacement")
-        reference_save({"s11": torch.zeros(256, 256)}, replacement)
-        os.replace(replacement, files[-1])
-        with pytest.raises(OSError, match="m11.safetensors.*changed since it was opened"):
+        size = os.path.getsize(files[-1])
+        if change == "replaced":
+            replacement = os.path.join(folder, "replacement")
+            reference_save({"s11": torch.zeros(256, 256)}, replacement)
+            os.replace(replacement, files[-1])
+            how = r"\(its path names another file\)"
+        else:
+            with open(files[-1], "ab") as grow:
+                grow.write(b"\0" * 8)
+            how = rf"\(size {size} -> {size + 8}\)"
+        with pytest.raises(OSError, match="m11.safetensors.*changed since it was opened " + how):
             for name, tensor in iterator:
                 assert same_bytes(tensor, tensors[name])
 

@@ -3,11 +3,11 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "instanttensor/error.h"
 #include "io/untouched_pages.h"
 #include "loader/pass/page_cache_views.h"
 #include "loader/transfer/storage_views.h"
@@ -29,7 +29,7 @@ at::Tensor PageCacheViews::read_owned(size_t item) {
   auto read = io::read_into_untouched_pages(fd, t.file_offset, to, t.nbytes);
   if (read.bytes != t.nbytes) {
     throw Error(ErrorKind::Io, file.path, t.name(),
-                read.error ? std::string("read failed: ") + std::strerror(read.error)
+                read.error ? std::string("read failed: ") + errno_message(read.error)
                            : std::string("file shrank during the load (short read)"));
   }
   return owned_tensor(item, data_kept_by(to, std::shared_ptr<const void>(std::move(memory))));

@@ -1,14 +1,12 @@
 #include "loader/reads/read_scheduler.h"
 
-#include <cstring>
-
 namespace instanttensor::loader {
 
 Error read_failure_error(const ReadFailure& failure, const std::string& file,
                          const std::string& name) {
   if (failure.error != 0) {
     return Error(error_kind_for_errno(failure.error), file, name,
-                 std::string("read failed: ") + std::strerror(failure.error));
+                 std::string("read failed: ") + errno_message(failure.error));
   }
   return Error(ErrorKind::Io, file, name, "file shrank during the load (short read)");
 }
