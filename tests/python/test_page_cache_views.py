@@ -340,7 +340,7 @@ def test_a_small_cold_checkpoint_is_fetched_on_advice_and_a_cached_one_is_not(tm
     # No read-ahead workers below 8 MiB: the consumer's thread advises the kernel to fetch every
     # shard at once instead of faulting them in one after another. Cached, nothing is advised.
     # Shards of 512 KiB: reading a header brings a file's first pages in, a small file whole.
-    from instanttensor._demo_bench import evict, warm_up
+    from instanttensor._demo_bench import evict, resident_fraction, warm_up
 
     torch.manual_seed(36)
     shards = {f"s{i:02d}": torch.randn(128, 1024) for i in range(12)}
@@ -350,6 +350,10 @@ def test_a_small_cold_checkpoint_is_fetched_on_advice_and_a_cached_one_is_not(tm
     if evict(files) > 0.5:
         pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
     with instanttensor.safe_open(files) as f:
+        resident = sum(resident_fraction(path) for path in files) / len(files)
+        if resident > 0.5:  # judged at open, after the headers were read: what the pass sees
+            pytest.skip(f"reading the headers brought {resident:.0%} of the shards in (the file "
+                        "system reads ahead more than half a shard)")
         for name, tensor in f.tensors():
             assert same_bytes(tensor, shards[name]), name
         assert "MADV_WILLNEED on the consumer's thread" in f.stats()["backend"], f.stats()
