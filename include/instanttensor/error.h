@@ -33,8 +33,8 @@ class Error : public std::runtime_error {
 // NotFound for ENOENT/ENOTDIR, Permission for EACCES/EPERM, Io for anything else.
 ErrorKind error_kind_for_errno(int errno_value) noexcept;
 
-// The system's text for `errno_value` ("No such file or directory"). Any thread: std::strerror
-// may share one buffer between threads.
+// The system's text for `errno_value` ("No such file or directory"). Any thread: through
+// strerror_r, where std::strerror may share one buffer between threads (a libc before 2.32).
 std::string errno_message(int errno_value);
 
 // Builds the Error for a failed system call: the kind follows errno (ENOENT -> NotFound,

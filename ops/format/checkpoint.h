@@ -61,8 +61,9 @@ class Checkpoint {
   void close_files() { descriptors_.close_all(); }
 
   // Throws Error(Io) naming the file when a file's size or modification time differs from what
-  // was validated at open, or (a file not in use) its path no longer names it. Re-stats the
-  // descriptor in use, else the path. Any thread.
+  // was validated at open, or (a file not in use) its path no longer names it or cannot be
+  // stat'ed; the message says how (format::throw_changed_since_open, throw_reopen_failed). Re-stats
+  // the descriptor in use, else the path. Any thread.
   void check_unchanged() const;
   // The same for one file, naming `tensor` in the error: called when a group's reads have landed,
   // so bytes written in place after open (same size, new mtime) are never handed out.

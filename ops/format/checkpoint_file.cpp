@@ -15,6 +15,20 @@ int64_t nanoseconds(const struct timespec& at) {
   return static_cast<int64_t>(at.tv_sec) * 1'000'000'000 + at.tv_nsec;
 }
 
+// Whether `st` differs from `file` in size or modification time (an in-place change of the file
+// validated, seen through a descriptor of it or its path); `what` then says how.
+bool changed_in_place(const CheckpointFile& file, const struct stat& st, std::string* what) {
+  if (static_cast<uint64_t>(st.st_size) != file.size) {
+    *what = "size " + std::to_string(file.size) + " -> " + std::to_string(st.st_size);
+    return true;
+  }
+  if (nanoseconds(st.st_mtim) != file.mtime_ns) {
+    *what = "same size, modified in place";
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void record_identity(CheckpointFile& file, const struct stat& st) {
@@ -40,11 +54,14 @@ bool same_contents(const CheckpointFile& file, const struct stat& st) {
 void throw_changed_since_open(const CheckpointFile& file, const std::string& tensor,
                               const struct stat& st) {
   std::string how = "its path names another file";
-  if (st.st_dev == file.device && st.st_ino == file.inode) changed_in_place(file, st, &how);
+  if (st.st_dev == file.device && st.st_ino == file.inode && !changed_in_place(file, st, &how)) {
+    how = "its status changed";  // a caller's misuse: same_contents would have passed
+  }
   throw Error(ErrorKind::Io, file.path, tensor, "file changed since it was opened (" + how + ")");
 }
 
-void throw_reopen_failed(const CheckpointFile& file, const std::string& tensor, int error) {
+void throw_reopen_failed(const CheckpointFile& file, const std::string& tensor, int error,
+                         const std::string& taken) {
   const std::string reason = errno_message(error);
   switch (error) {
     case ENOENT:
@@ -52,29 +69,17 @@ void throw_reopen_failed(const CheckpointFile& file, const std::string& tensor, 
     case EACCES:
     case EPERM:
     case ELOOP:
+    case ESTALE:
       throw Error(ErrorKind::Io, file.path, tensor,
                   "file changed since it was opened (its path cannot be opened: " + reason + ")");
     default:
-      throw Error(error_kind_for_errno(error), file.path, tensor,
-                  "cannot be opened again: " + reason);
+      throw Error(ErrorKind::Io, file.path, tensor, "cannot be " + taken + ": " + reason);
   }
 }
 
 bool still_at_its_path(const CheckpointFile& file) {
   struct stat st {};
   return ::stat(file.path.c_str(), &st) == 0 && same_file(file, st);
-}
-
-bool changed_in_place(const CheckpointFile& file, const struct stat& st, std::string* what) {
-  if (static_cast<uint64_t>(st.st_size) != file.size) {
-    *what = "size " + std::to_string(file.size) + " -> " + std::to_string(st.st_size);
-    return true;
-  }
-  if (nanoseconds(st.st_mtim) != file.mtime_ns) {
-    *what = "same size, modified in place";
-    return true;
-  }
-  return false;
 }
 
 int open_for_reading(const std::string& path, struct stat* st) {

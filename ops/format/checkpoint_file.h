@@ -42,21 +42,17 @@ bool same_contents(const CheckpointFile& file, const struct stat& st);
 [[noreturn]] void throw_changed_since_open(const CheckpointFile& file, const std::string& tensor,
                                            const struct stat& st);
 
-// The error for `file`'s path failing to open or stat again with `error` (an errno): a path
-// that no longer leads to it (ENOENT, ENOTDIR, EACCES, EPERM, ELOOP) is "file changed since it
-// was opened"; anything else (EMFILE, EIO, ...) is the system's error, "cannot be opened again".
-// Both name `file` and `tensor` (may be empty).
+// Error(Io) for `file`'s path failing with `error` (an errno) when it is `taken` again ("opened
+// again", "opened again for O_DIRECT reads", "stat'ed again"): a path that no longer leads to
+// it (ENOENT, ENOTDIR, EACCES, EPERM, ELOOP, ESTALE) is "file changed since it was opened (its
+// path cannot be opened: ...)"; anything else (EMFILE, EINVAL, EIO) says "cannot be <taken>:
+// <reason>", as the file may be what it was. Both name `file` and `tensor` (may be empty).
 [[noreturn]] void throw_reopen_failed(const CheckpointFile& file, const std::string& tensor,
-                                      int error);
+                                      int error, const std::string& taken);
 
 // Whether `file`'s path still names the file opened (a rewrite, a replacement by rename, a
 // deletion: false). Any thread.
 bool still_at_its_path(const CheckpointFile& file);
-
-// Whether `st` differs from `file` in size or modification time (an in-place change of the file
-// validated, seen through a descriptor of it); `what` then says how ("size 10 -> 12", "same
-// size, modified in place"). Pure.
-bool changed_in_place(const CheckpointFile& file, const struct stat& st, std::string* what);
 
 // Opens `path` O_RDONLY | O_CLOEXEC for reading and fstats it into `st`; -1 with errno on
 // failure (nothing left open). O_NONBLOCK while opening, so that a named pipe put at the path

@@ -1,7 +1,7 @@
 #include "instanttensor/error.h"
 
 #include <cerrno>
-#include <system_error>
+#include <cstring>
 
 namespace instanttensor {
 
@@ -45,7 +45,11 @@ ErrorKind error_kind_for_errno(int errno_value) noexcept {
   return ErrorKind::Io;
 }
 
-std::string errno_message(int errno_value) { return std::generic_category().message(errno_value); }
+std::string errno_message(int errno_value) {
+  char text[256];
+  // GNU strerror_r: returns the text (a static one, or `text` filled).
+  return ::strerror_r(errno_value, text, sizeof text);
+}
 
 Error system_error(int errno_value, const std::string& file, const std::string& what) {
   return Error(error_kind_for_errno(errno_value), file, "",

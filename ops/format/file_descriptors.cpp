@@ -40,12 +40,12 @@ int FileDescriptors::acquire(size_t index) {
   struct stat st {};
   if (fds_[index] >= 0) {
     // Idle since its last use: the path must still name it, as for a descriptor opened anew.
-    if (::stat(file.path.c_str(), &st) != 0) throw_reopen_failed(file, "", errno);
+    if (::stat(file.path.c_str(), &st) != 0) throw_reopen_failed(file, "", errno, "stat'ed again");
     if (!same_contents(file, st)) throw_changed_since_open(file, "", st);
     idle_.erase(std::find(idle_.begin(), idle_.end(), index));
   } else {
     const int fd = open_for_reading(file.path, &st);
-    if (fd < 0) throw_reopen_failed(file, "", errno);
+    if (fd < 0) throw_reopen_failed(file, "", errno, "opened again");
     if (!same_contents(file, st)) {
       ::close(fd);
       throw_changed_since_open(file, "", st);
@@ -91,7 +91,8 @@ struct stat FileDescriptors::stat_now(size_t index, const std::string& tensor) c
     if (::fstat(fds_[index], &st) != 0) throw system_error(errno, file.path, "cannot stat");
     return st;
   }
-  if (::stat(file.path.c_str(), &st) != 0) throw_reopen_failed(file, tensor, errno);
+  if (::stat(file.path.c_str(), &st) != 0)
+    throw_reopen_failed(file, tensor, errno, "stat'ed again");
   if (st.st_dev != file.device || st.st_ino != file.inode)
     throw_changed_since_open(file, tensor, st);
   return st;

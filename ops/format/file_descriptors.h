@@ -53,7 +53,7 @@ class FileDescriptors {
 
   // How file `index` is now: an fstat of its descriptor in use, else a stat of its path; in the
   // latter case Error(Io) naming the file and `tensor` when the path names another file or
-  // none. Any thread.
+  // none, or cannot be stat'ed (throw_reopen_failed). Any thread.
   struct stat stat_now(size_t index, const std::string& tensor) const;
 
   // Descriptors kept open, in use and idle together (more are open only while in use): a one-

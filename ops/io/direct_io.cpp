@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/stat.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -14,9 +15,20 @@ namespace instanttensor::io {
 int open_direct(const std::string& path, DirectIoAlignment* alignment) {
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    // O_NONBLOCK while opening: a named pipe's open would wait for a writer before the kernel
+    // refuses O_DIRECT on it (EINVAL then, at once).
+    fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC | O_NONBLOCK);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return -1;
+  struct stat st {};
+  const bool stated = ::fstat(fd, &st) == 0;
+  if (!stated || !S_ISREG(st.st_mode)) {
+    const int error = stated ? EINVAL : errno;
+    ::close(fd);
+    errno = error;
+    return -1;
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   DirectIoAlignment found;
   struct statx stx {};
   // Raw syscall: glibc's wrapper may predate the DIOALIGN fields.

@@ -15,8 +15,9 @@ struct DirectIoAlignment {
 
 // Opens `path` with O_DIRECT | O_RDONLY | O_CLOEXEC and reads its alignment from statx
 // (STATX_DIOALIGN), falling back to 4096, which any logical block size up to 4 KiB divides.
-// Returns -1 (and leaves errno) when the filesystem refuses O_DIRECT (tmpfs: EINVAL) or the
-// kernel reports no direct I/O support; the caller then reads buffered. The caller owns the fd.
+// Returns -1 (and leaves errno) when the filesystem refuses O_DIRECT (tmpfs: EINVAL), the
+// kernel reports no direct I/O support, or the path is no regular file (EINVAL; a named pipe
+// never blocks the open); the caller then reads buffered. The caller owns the fd.
 int open_direct(const std::string& path, DirectIoAlignment* alignment);
 
 // The kernel's page size in bytes, read once (mappings, mincore and unmapping work in pages).

@@ -46,7 +46,15 @@ int IoSetup::open_direct_again(size_t index) const {
   int fd = open_direct(path, &alignment);
   if (fd < 0) {
     const int error = errno;
-    if (checkpoint_) format::throw_reopen_failed(checkpoint_->files()[index], "", error);
+    if (checkpoint_) {
+      // Refused (EINVAL) by what now sits at the path, another file or a pipe, is its change.
+      const auto& validated = checkpoint_->files()[index];
+      struct stat st {};
+      if (::stat(path.c_str(), &st) == 0 && !format::same_contents(validated, st)) {
+        format::throw_changed_since_open(validated, "", st);
+      }
+      format::throw_reopen_failed(validated, "", error, "opened again for O_DIRECT reads");
+    }
     throw system_error(error, path, "cannot be opened again for O_DIRECT reads");
   }
   if (checkpoint_) {

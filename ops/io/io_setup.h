@@ -45,8 +45,9 @@ class IoSetup {
 
   // The fd reads of file `index` go to (its O_DIRECT one, else buffered_fd), open until
   // release(index). The O_DIRECT one is opened on first need and checked to be the file
-  // validated (device, inode, size, modification time). Throws Error(Io) naming the file when it
-  // has to be opened again and is no longer the file validated, or cannot be opened. Consumer
+  // validated (device, inode, size, modification time). Throws Error naming the file when it
+  // has to be opened again and is no longer the file validated ("changed since it was opened
+  // (how)"), or cannot be opened (Io; without a checkpoint, the kind follows errno). Consumer
   // thread.
   int read_fd(size_t index) const;
   // Whether file `index` is read through an O_DIRECT descriptor.

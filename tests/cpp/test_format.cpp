@@ -612,24 +612,29 @@ TEST(CheckpointDescriptors, AFileTakenAgainSaysHowItChanged) {
   ASSERT_EQ(::write(fd, "zz", 2), 2);
   ::close(fd);
   const uint64_t size = checkpoint.files()[0].size;
-  EXPECT_NE(refusal(0).find("file changed since it was opened (size " + std::to_string(size) +
-                            " -> " + std::to_string(size + 2) + ")"),
-            std::string::npos);
+  std::string text = refusal(0);
+  EXPECT_NE(text.find("file changed since it was opened (size " + std::to_string(size) + " -> " +
+                      std::to_string(size + 2) + ")"),
+            std::string::npos)
+      << text;
   fd = ::open(paths[1].c_str(), O_WRONLY);
   ASSERT_GE(fd, 0);
-  const struct timespec later[2] = {{0, UTIME_OMIT}, {1'000'000'000, 0}};
+  const struct timespec other_mtime[2] = {{0, UTIME_OMIT}, {1'000'000'000, 0}};
   ASSERT_EQ(::pwrite(fd, "y", 1, static_cast<off_t>(checkpoint.files()[1].size - 1)), 1);
-  ASSERT_EQ(::futimens(fd, later), 0);
+  ASSERT_EQ(::futimens(fd, other_mtime), 0);
   ::close(fd);
-  EXPECT_NE(refusal(1).find("(same size, modified in place)"), std::string::npos);
+  text = refusal(1);
+  EXPECT_NE(text.find("(same size, modified in place)"), std::string::npos) << text;
   // Another file at its path; no file at its path.
   const std::string replacement = dir.file("replacement");
   format::write_safetensors(replacement, {writer_tensor("t2", Dtype::F32, {1}, "yyyy")}, nullptr);
   ASSERT_EQ(::rename(replacement.c_str(), paths[2].c_str()), 0);
-  EXPECT_NE(refusal(2).find("(its path names another file)"), std::string::npos);
+  text = refusal(2);
+  EXPECT_NE(text.find("(its path names another file)"), std::string::npos) << text;
   ASSERT_EQ(::unlink(paths[3].c_str()), 0);
-  EXPECT_NE(refusal(3).find("(its path cannot be opened: No such file or directory)"),
-            std::string::npos);
+  text = refusal(3);
+  EXPECT_NE(text.find("(its path cannot be opened: No such file or directory)"), std::string::npos)
+      << text;
   // check_unchanged says the same, naming the tensor.
   try {
     checkpoint.check_unchanged(1, "t1");
@@ -648,7 +653,7 @@ TEST(CheckpointDescriptors, OnlyAPathThatNoLongerLeadsToTheFileIsCalledChanged) 
   file.path = "/models/a.safetensors";
   auto message = [&](int error, ErrorKind* kind) -> std::string {
     try {
-      format::throw_reopen_failed(file, "w", error);
+      format::throw_reopen_failed(file, "w", error, "opened again for O_DIRECT reads");
     } catch (const Error& e) {
       *kind = e.kind();
       return e.what();
@@ -656,7 +661,7 @@ TEST(CheckpointDescriptors, OnlyAPathThatNoLongerLeadsToTheFileIsCalledChanged) 
     return "";
   };
   ErrorKind kind{};
-  for (int error : {ENOENT, ENOTDIR, EACCES, EPERM, ELOOP}) {
+  for (int error : {ENOENT, ENOTDIR, EACCES, EPERM, ELOOP, ESTALE}) {
     const std::string text = message(error, &kind);
     EXPECT_NE(text.find("/models/a.safetensors: tensor 'w': file changed since it was opened "
                         "(its path cannot be opened: "),
@@ -666,7 +671,10 @@ TEST(CheckpointDescriptors, OnlyAPathThatNoLongerLeadsToTheFileIsCalledChanged) 
   }
   // Out of descriptors or a failing disk: the file may be as it was; the system's error says so.
   const std::string text = message(EMFILE, &kind);
-  EXPECT_NE(text.find("cannot be opened again: Too many open files"), std::string::npos) << text;
+  EXPECT_NE(text.find("/models/a.safetensors: tensor 'w': cannot be opened again for O_DIRECT "
+                      "reads: Too many open files"),
+            std::string::npos)
+      << text;
   EXPECT_EQ(text.find("changed since"), std::string::npos) << text;
   EXPECT_EQ(kind, ErrorKind::Io);
 }

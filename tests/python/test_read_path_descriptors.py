@@ -78,11 +78,11 @@ def test_random_access_and_load_into_release_each_shard_after_its_reads(shards):
     assert shard_descriptors(folder) == 0
 
 
-@pytest.mark.parametrize("change", ["replaced", "grown"])
+@pytest.mark.parametrize("change", ["replaced", "grown", "pipe"])
 def test_a_shard_changed_before_its_direct_reads_is_refused_naming_it_and_how(shards, change):
     # Its O_DIRECT descriptor is opened when its reads begin: checked to be the file validated at
-    # open (as the buffered ones are), so a file replaced by rename or rewritten in place
-    # meanwhile is never read, and the error says which.
+    # open (as the buffered ones are), so a file replaced by rename (a named pipe included) or
+    # rewritten in place meanwhile is never read, and the error says which, without waiting.
     files, tensors, folder = shards
     with instanttensor.safe_open(files, backend="direct", buffer_size=512 << 10,
                                  concurrency=1) as f:
@@ -96,10 +96,15 @@ def test_a_shard_changed_before_its_direct_reads_is_refused_naming_it_and_how(sh
             reference_save({"s11": torch.zeros(256, 256)}, replacement)
             os.replace(replacement, files[-1])
             how = r"\(its path names another file\)"
-        else:
+        elif change == "grown":
             with open(files[-1], "ab") as grow:
                 grow.write(b"\0" * 8)
             how = rf"\(size {size} -> {size + 8}\)"
+        else:  # a named pipe's open would wait for a writer that never comes
+            pipe = os.path.join(folder, "pipe")
+            os.mkfifo(pipe)
+            os.replace(pipe, files[-1])
+            how = r"\(its path names another file\)"
         with pytest.raises(OSError, match="m11.safetensors.*changed since it was opened " + how):
             for name, tensor in iterator:
                 assert same_bytes(tensor, tensors[name])
