@@ -54,9 +54,7 @@ bool same_contents(const CheckpointFile& file, const struct stat& st) {
 void throw_changed_since_open(const CheckpointFile& file, const std::string& tensor,
                               const struct stat& st) {
   std::string how = "its path names another file";
-  if (st.st_dev == file.device && st.st_ino == file.inode && !changed_in_place(file, st, &how)) {
-    how = "its status changed";  // a caller's misuse: same_contents would have passed
-  }
+  if (st.st_dev == file.device && st.st_ino == file.inode) changed_in_place(file, st, &how);
   throw Error(ErrorKind::Io, file.path, tensor, "file changed since it was opened (" + how + ")");
 }
 
@@ -82,10 +80,10 @@ bool still_at_its_path(const CheckpointFile& file) {
   return ::stat(file.path.c_str(), &st) == 0 && same_file(file, st);
 }
 
-int open_for_reading(const std::string& path, struct stat* st) {
+int open_for_reading(const std::string& path, struct stat* st, int extra_flags) {
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return -1;
   if (::fstat(fd, st) != 0) {

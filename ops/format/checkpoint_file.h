@@ -57,7 +57,7 @@ bool still_at_its_path(const CheckpointFile& file);
 // Opens `path` O_RDONLY | O_CLOEXEC for reading and fstats it into `st`; -1 with errno on
 // failure (nothing left open). O_NONBLOCK while opening, so that a named pipe put at the path
 // does not wait for a writer forever; a regular file is then read blocking, as usual. The caller
-// owns the descriptor. Any thread.
-int open_for_reading(const std::string& path, struct stat* st);
+// owns the descriptor. `extra_flags` (O_DIRECT) are added to the open. Any thread.
+int open_for_reading(const std::string& path, struct stat* st, int extra_flags = 0);
 
 }  // namespace instanttensor::format

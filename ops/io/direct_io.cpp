@@ -3,32 +3,28 @@
 #include <fcntl.h>
 #include <linux/stat.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <vector>
 
+#include "format/checkpoint_file.h"
+
 namespace instanttensor::io {
 
-int open_direct(const std::string& path, DirectIoAlignment* alignment) {
-  int fd;
-  do {
-    // O_NONBLOCK while opening: a named pipe's open would wait for a writer before the kernel
-    // refuses O_DIRECT on it (EINVAL then, at once).
-    fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC | O_NONBLOCK);
-  } while (fd < 0 && errno == EINTR);
+int open_direct(const std::string& path, DirectIoAlignment* alignment, struct stat* st) {
+  // Opened as the buffered reads open (never waiting on a named pipe: the kernel refuses
+  // O_DIRECT on one at once).
+  struct stat own {};
+  if (st == nullptr) st = &own;
+  int fd = format::open_for_reading(path, st, O_DIRECT);
   if (fd < 0) return -1;
-  struct stat st {};
-  const bool stated = ::fstat(fd, &st) == 0;
-  if (!stated || !S_ISREG(st.st_mode)) {
-    const int error = stated ? EINVAL : errno;
+  if (!S_ISREG(st->st_mode)) {
     ::close(fd);
-    errno = error;
+    errno = EINVAL;
     return -1;
   }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   DirectIoAlignment found;
   struct statx stx {};
   // Raw syscall: glibc's wrapper may predate the DIOALIGN fields.

@@ -1,6 +1,8 @@
 // What the io layer needs to know about a file before choosing how to read it (torch-free).
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <string>
 
@@ -17,8 +19,9 @@ struct DirectIoAlignment {
 // (STATX_DIOALIGN), falling back to 4096, which any logical block size up to 4 KiB divides.
 // Returns -1 (and leaves errno) when the filesystem refuses O_DIRECT (tmpfs: EINVAL), the
 // kernel reports no direct I/O support, or the path is no regular file (EINVAL; a named pipe
-// never blocks the open); the caller then reads buffered. The caller owns the fd.
-int open_direct(const std::string& path, DirectIoAlignment* alignment);
+// never blocks the open); the caller then reads buffered. `st` (may be null) receives the
+// descriptor's fstat. The caller owns the fd.
+int open_direct(const std::string& path, DirectIoAlignment* alignment, struct stat* st = nullptr);
 
 // The kernel's page size in bytes, read once (mappings, mincore and unmapping work in pages).
 // Any thread.

@@ -43,13 +43,13 @@ int IoSetup::read_fd(size_t index) const {
 int IoSetup::open_direct_again(size_t index) const {
   const std::string& path = files_[index].path;
   DirectIoAlignment alignment;
-  int fd = open_direct(path, &alignment);
+  struct stat st {};
+  int fd = open_direct(path, &alignment, &st);
   if (fd < 0) {
     const int error = errno;
     if (checkpoint_) {
       // Refused (EINVAL) by what now sits at the path, another file or a pipe, is its change.
       const auto& validated = checkpoint_->files()[index];
-      struct stat st {};
       if (::stat(path.c_str(), &st) == 0 && !format::same_contents(validated, st)) {
         format::throw_changed_since_open(validated, "", st);
       }
@@ -61,12 +61,6 @@ int IoSetup::open_direct_again(size_t index) const {
     // The file validated, as the buffered descriptors are (format::FileDescriptors): a file
     // replaced by rename, deleted or rewritten since the open is refused, not read.
     const auto& validated = checkpoint_->files()[index];
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int error = errno;
-      ::close(fd);
-      throw system_error(error, path, "cannot stat after opening again for O_DIRECT reads");
-    }
     if (!format::same_contents(validated, st)) {
       ::close(fd);
       format::throw_changed_since_open(validated, "", st);
