@@ -75,13 +75,25 @@ def _run_runai(files, dest) -> None:
 def _run_direct_read_ceiling(files, dest) -> None:
     """Sequential O_DIRECT reads of the files, CHUNK-sized, DEPTH in flight: what the storage
     gives a reader that does nothing else."""
+    _read_files(files, os.O_DIRECT)
+
+
+def _run_buffered_read_ceiling(files, dest) -> None:
+    """The same reads through the page cache: on storage where the kernel's read-ahead beats
+    O_DIRECT (this project's VMs: 2.2-2.5 GB/s against 0.9), this is the faster ceiling."""
+    _read_files(files, 0)
+
+
+def _read_files(files, extra_flags: int) -> None:
+    """Reads every byte of `files` once, in CHUNK-sized requests, DEPTH in flight, into one
+    reused page-aligned buffer per thread (nothing kept)."""
     lock = threading.Lock()
     jobs = []
     for path in files:
         size = os.path.getsize(path)
         jobs += [(path, offset) for offset in range(0, size, CHUNK)]
     jobs.reverse()
-    fds = {path: os.open(path, os.O_RDONLY | os.O_DIRECT) for path in files}
+    fds = {path: os.open(path, os.O_RDONLY | extra_flags) for path in files}
 
     def worker() -> None:
         buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
@@ -127,6 +139,7 @@ CONTENDERS: dict[str, Callable] = {
     "fastsafetensors": _run_fastsafetensors,
     "runai-model-streamer": _run_runai,
     "ceiling: O_DIRECT read": _run_direct_read_ceiling,
+    "ceiling: buffered read": _run_buffered_read_ceiling,
     "ceiling: memcpy": _run_memcpy_ceiling,
     "baseline (torch + destinations)": lambda f, d: None,
 }

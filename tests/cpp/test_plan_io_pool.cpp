@@ -20,6 +20,7 @@
 #include "io/direct_io.h"
 #include "io/file_lease.h"
 #include "io/mapped_files.h"
+#include "io/memory_limit.h"
 #include "io/page_cache_read_ahead.h"
 #include "io/process_id.h"
 #include "io/read_backend.h"
@@ -124,6 +125,25 @@ TEST(ProcessId, IsThisProcessInAForkedChildAndItsChild) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(io::current_process_id(), ::getpid());  // the parent's is unchanged
+}
+
+TEST(MemoryLimit, ACgroupsLimitFileIsACountOrNone) {
+  EXPECT_EQ(io::parse_cgroup_memory_max("8589934592\n"), 8589934592ull);
+  EXPECT_EQ(io::parse_cgroup_memory_max("1024"), 1024ull);
+  EXPECT_EQ(io::parse_cgroup_memory_max("max\n"), UINT64_MAX);  // v2: no limit
+  EXPECT_EQ(io::parse_cgroup_memory_max(""), UINT64_MAX);       // no such file
+  EXPECT_EQ(io::parse_cgroup_memory_max("12 KiB\n"), UINT64_MAX);
+  // v1 states "no limit" as a huge count, which the machine's memory then caps.
+  EXPECT_EQ(io::parse_cgroup_memory_max("9223372036854771712\n"), 9223372036854771712ull);
+}
+
+TEST(MemoryLimit, IsAtMostThePhysicalMemory) {
+  const uint64_t physical = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+  const uint64_t limit = io::memory_limit_bytes();
+  EXPECT_GT(limit, 0u);
+  EXPECT_LE(limit, physical);
+  EXPECT_EQ(io::memory_limit_bytes(), limit);  // read once
 }
 
 TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {

@@ -336,6 +336,41 @@ def test_a_checkpoint_larger_than_the_read_ahead_window_keeps_resident_memory_bo
     assert 0 < peak < 48 * 1024, peak  # 0: the mapping was not found, nothing was measured
 
 
+def _vm_flags_of_mappings_of(path: str) -> list[set[str]]:
+    """The VmFlags of each of this process's mappings of one file (/proc/self/smaps)."""
+    target = os.path.realpath(path)
+    found = []
+    in_file = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if not fields[0].endswith(":"):
+                in_file = " ".join(fields[5:]) == target
+            elif in_file and fields[0] == "VmFlags:":
+                found.append(set(fields[1:]))
+    return found
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_a_checkpoint_larger_than_half_of_memory_is_read_once(tmp_path, monkeypatch, copy):
+    # Such a checkpoint cannot stay cached beside the weights loaded from it: its mapping is
+    # advised MADV_SEQUENTIAL ("sr" in smaps), so the pages it unmaps are not promoted to the
+    # kernel's active list. A smaller one keeps the kernel's recency, to stay cached.
+    tensors = {f"w{i:02d}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
+    path = str(tmp_path / "big.safetensors")
+    reference_save(tensors, path)
+    for memory, read_once in ((24 << 20, True), (64 << 20, False)):
+        monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(memory))
+        with instanttensor.safe_open(path, copy=copy) as f:
+            for name, tensor in f.tensors():
+                assert tensor[-1].item() == float(int(name[1:])), name
+                mappings = _vm_flags_of_mappings_of(path)
+                assert mappings, "the file's mapping was not found"
+                assert all(("sr" in flags) == read_once for flags in mappings), (memory, mappings)
+            backend = f.stats()["backend"]
+        assert ("read once: MADV_SEQUENTIAL" in backend) == read_once, backend
+
+
 def test_a_small_cold_checkpoint_is_fetched_on_advice_and_a_cached_one_is_not(tmp_path):
     # No read-ahead workers below 8 MiB: the consumer's thread advises the kernel to fetch every
     # shard at once instead of faulting them in one after another. Cached, nothing is advised.
