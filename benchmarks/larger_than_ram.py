@@ -5,7 +5,12 @@ Not a test. Each sample runs in a fresh process after the files are evicted from
 contenders alternate, medians are reported.
 
     python benchmarks/larger_than_ram.py [--checkpoint DIR | --size-gb 30 --dir DIR]
-                                         [--samples 2] [--json FILE]
+                                         [--samples 2] [--working-set-gb 3] [--json FILE]
+
+`--working-set-gb N`: before each sample, a file of N GB (written once beside the checkpoint's
+folder) is read three times, as a working set the system uses often; after the sample, the share
+of it still in the page cache is reported. A load that promotes the pages it reads once pushes
+the working set out.
 
 The consumer copies every tensor into one reused buffer (a model's loader writes into its
 parameters, which are not what is measured), so resident memory above the process's baseline is
@@ -117,6 +122,24 @@ def checkpoint_files(args: argparse.Namespace) -> list[str]:
     return sorted(files)
 
 
+def working_set(folder: str, size_gb: float) -> str:
+    """A file of `size_gb` GB of random bytes beside `folder`, written once."""
+    path = os.path.join(os.path.dirname(os.path.abspath(folder)), f"working-set-{size_gb:g}g.bin")
+    if not os.path.exists(path) or os.path.getsize(path) != int(size_gb * (1 << 30)):
+        with open(path, "wb") as out:
+            for _ in range(int(size_gb * 1024)):
+                out.write(os.urandom(1 << 20))
+    return path
+
+
+def use_often(path: str) -> None:
+    """Reads `path` three times: its pages are then on the kernel's active list."""
+    for _ in range(3):
+        with open(path, "rb", buffering=0) as f:
+            while f.read(64 << 20):
+                pass
+
+
 def memory_gb() -> float:
     with open("/proc/meminfo") as meminfo:
         return int(meminfo.readline().split()[1]) / 1024 / 1024
@@ -128,9 +151,14 @@ def main() -> int:
     parser.add_argument("--size-gb", type=float, default=30.0)
     parser.add_argument("--dir", default="/var/tmp")
     parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--working-set-gb", type=float, default=0.0,
+                        help="report how much of a file read often before each sample stays cached")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     files = checkpoint_files(args)
+    busy = working_set(os.path.dirname(files[0]), args.working_set_gb) if args.working_set_gb else None
+    if busy:
+        from instanttensor._demo_bench import resident_fraction
     size_gb = sum(os.path.getsize(p) for p in files) / 1e9
     print(f"{len(files)} files, {size_gb:.1f} GB; memory {memory_gb():.1f} GiB")
     results: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
@@ -139,15 +167,21 @@ def main() -> int:
         order = CONTENDERS[shift:] + CONTENDERS[:shift]
         for name in order:
             evict(files)
+            if busy:
+                use_often(busy)
             done = subprocess.run([sys.executable, "-c", SAMPLE, name, *files],
                                   capture_output=True, text=True, timeout=3600)
             if done.returncode != 0:
                 raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
             sample = json.loads(done.stdout.strip().splitlines()[-1])
+            kept = ""
+            if busy:
+                sample["working_set_cached"] = resident_fraction(busy)
+                kept = f", working set still cached {sample['working_set_cached']:.0%}"
             results[name].append(sample)
             print(f"  {name}: {sample['seconds']:.1f} s, {sample['bytes'] / sample['seconds'] / 1e9:.2f}"
-                  f" GB/s, peak RSS {sample['peak_mb']:.0f} MB (baseline {sample['baseline_mb']:.0f})",
-                  flush=True)
+                  f" GB/s, peak RSS {sample['peak_mb']:.0f} MB (baseline {sample['baseline_mb']:.0f})"
+                  f"{kept}", flush=True)
     print(f"{'contender':<14} {'seconds':>8} {'GB/s':>6} {'peak RSS MB':>12} {'above baseline MB':>18}")
     table = {}
     for name, samples in results.items():
@@ -157,7 +191,12 @@ def main() -> int:
         rate = samples[0]["bytes"] / seconds / 1e9
         table[name] = {"seconds": seconds, "gb_per_s": rate, "peak_rss_mb": peak,
                        "above_baseline_mb": above, "samples": samples}
-        print(f"{name:<14} {seconds:>8.1f} {rate:>6.2f} {peak:>12.0f} {above:>18.0f}")
+        kept = ""
+        if busy:
+            table[name]["working_set_cached"] = statistics.median(
+                s["working_set_cached"] for s in samples)
+            kept = f"  working set still cached {table[name]['working_set_cached']:.0%}"
+        print(f"{name:<14} {seconds:>8.1f} {rate:>6.2f} {peak:>12.0f} {above:>18.0f}{kept}")
     ratio = table["safetensors"]["seconds"] / table["instanttensor"]["seconds"]
     ceiling = table["read"]["seconds"] / table["instanttensor"]["seconds"]
     print(f"instanttensor speed x safetensors: {ratio:.2f}; x the read ceiling: {ceiling:.2f}")

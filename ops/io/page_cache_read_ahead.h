@@ -39,10 +39,10 @@ struct ReadAheadPolicy {
   bool advise_inline = false;
   // The checkpoint cannot stay in the page cache (it is larger than half of memory, and the
   // weights loaded from it take as much): the mapping is advised MADV_SEQUENTIAL, so pages
-  // read once are not promoted to the kernel's active list when unmapped behind the consumer.
-  // They then leave first, instead of the system's working set (30 GB on 23.5 GiB: 7.3 million
-  // pages promoted and 2.1-2.7 million demoted again per load before, 20 thousand after; 17.8
-  // -> 17.0 s; benchmarks/README.md).
+  // read once are not promoted to the kernel's active list when unmapped behind the consumer,
+  // and leave first, instead of the rest of the page cache (30 GB on 23.5 GiB: 7 million
+  // pages promoted per load, a 3 GB file read just before evicted whole; now 15 thousand, the
+  // file kept cached, as safetensors keeps it; benchmarks/README.md).
   bool read_once = false;
 };
 
