@@ -123,11 +123,13 @@ def checkpoint_files(args: argparse.Namespace) -> list[str]:
 
 
 def working_set(folder: str, size_gb: float) -> str:
-    """A file of `size_gb` GB of random bytes beside `folder`, written once."""
+    """A file of `size_gb` GiB (whole MiB, at least one) of random bytes beside `folder`, written
+    once."""
     path = os.path.join(os.path.dirname(os.path.abspath(folder)), f"working-set-{size_gb:g}g.bin")
-    if not os.path.exists(path) or os.path.getsize(path) != int(size_gb * (1 << 30)):
+    mib = max(1, round(size_gb * 1024))
+    if not os.path.exists(path) or os.path.getsize(path) != mib << 20:
         with open(path, "wb") as out:
-            for _ in range(int(size_gb * 1024)):
+            for _ in range(mib):
                 out.write(os.urandom(1 << 20))
     return path
 

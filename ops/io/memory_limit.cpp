@@ -27,16 +27,22 @@ struct MemoryController {
   std::string path;
 };
 
-// From /proc/self/cgroup: the v2 line ("0::/path") and the v1 memory line ("4:memory:/path").
+// From /proc/self/cgroup ("id:controllers:path" per line): the v2 line ("0::/path") and the v1
+// line whose controllers include memory ("4:memory:/path", "4:cpu,memory:/path").
 std::vector<MemoryController> own_memory_controllers() {
   std::vector<MemoryController> found;
   std::istringstream lines(read_text("/proc/self/cgroup"));
   std::string line;
   while (std::getline(lines, line)) {
-    if (line.rfind("0::", 0) == 0) {
-      found.push_back({"/sys/fs/cgroup", "memory.max", line.substr(3)});
-    } else if (const size_t at = line.find(":memory:"); at != std::string::npos) {
-      found.push_back({"/sys/fs/cgroup/memory", "memory.limit_in_bytes", line.substr(at + 8)});
+    const size_t first = line.find(':');
+    const size_t second = first == std::string::npos ? first : line.find(':', first + 1);
+    if (second == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(first + 1, second - first - 1) + ",";
+    const std::string path = line.substr(second + 1);
+    if (controllers == ",," && line.compare(0, first, "0") == 0) {
+      found.push_back({"/sys/fs/cgroup", "memory.max", path});
+    } else if (controllers.find(",memory,") != std::string::npos) {
+      found.push_back({"/sys/fs/cgroup/memory", "memory.limit_in_bytes", path});
     }
   }
   return found;

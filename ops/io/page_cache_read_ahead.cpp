@@ -41,18 +41,8 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
     : files_(std::move(files)),
       window_(window),
       thread_count_(std::max(policy.workers, 0)),
-      advise_inline_(policy.advise_inline),
-      read_once_(policy.read_once) {
+      advise_inline_(policy.advise_inline) {
   const uint64_t page = page_size();
-  if (read_once_) {
-    // Advice: a kernel that refuses it leaves the default recency, nothing else changes.
-    size_t advised = SIZE_MAX;
-    for (const auto& span : spans) {
-      if (span.file == advised) continue;
-      advised = span.file;
-      ::madvise(files_->data(span.file), files_->size(span.file), MADV_SEQUENTIAL);
-    }
-  }
   chunk = std::max(page, chunk / page * page);
   uint64_t position = 0;
   for (const auto& span : spans) {
@@ -124,14 +114,12 @@ void PageCacheReadAhead::abandon_after_fork() {
 }
 
 std::string PageCacheReadAhead::description() const {
-  std::string text;
   if (thread_count_ == 0) {
-    text = advise_inline_ ? "MADV_WILLNEED on the consumer's thread" : "no read-ahead";
-  } else {
-    text = method() == PopulateMethod::PopulateRead ? "MADV_POPULATE_READ" : "MADV_WILLNEED";
-    text += ", " + std::to_string(thread_count_) + " workers";
+    return advise_inline_ ? "MADV_WILLNEED on the consumer's thread" : "no read-ahead";
   }
-  return read_once_ ? text + "; read once: MADV_SEQUENTIAL" : text;
+  const char* how =
+      method() == PopulateMethod::PopulateRead ? "MADV_POPULATE_READ" : "MADV_WILLNEED";
+  return std::string(how) + ", " + std::to_string(thread_count_) + " workers";
 }
 
 void PageCacheReadAhead::work() {

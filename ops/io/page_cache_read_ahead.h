@@ -37,12 +37,8 @@ struct ReadAheadPolicy {
   // consumer's page faults would fetch them one after another (12 shards of 220 KB: the pass
   // 8.5 -> 5 ms). Advice returns before the reads complete; pages in the cache make it cheap.
   bool advise_inline = false;
-  // The checkpoint cannot stay in the page cache (it is larger than half of memory, and the
-  // weights loaded from it take as much): the mapping is advised MADV_SEQUENTIAL, so pages
-  // read once are not promoted to the kernel's active list when unmapped behind the consumer,
-  // and leave first, instead of the rest of the page cache (30 GB on 23.5 GiB: 7 million
-  // pages promoted per load, a 3 GB file read just before evicted whole; now 15 thousand, the
-  // file kept cached, as safetensors keeps it; benchmarks/README.md).
+  // Not the workers' business: the checkpoint cannot stay in the page cache beside the weights
+  // loaded from it, so the pass reads its pages once (loader/pass/page_cache_views.h).
   bool read_once = false;
 };
 
@@ -52,8 +48,6 @@ struct ReadAheadPolicy {
 // Population is advice: a chunk that fails (a file truncated since it was mapped answers
 // EFAULT) is skipped, never raised; the consumer meets the file as it is. Workers never touch
 // mapped bytes themselves (a truncated file cannot raise SIGBUS on them).
-//
-// With `read_once`, the files' mappings are advised MADV_SEQUENTIAL at construction.
 //
 // Nothing is populated before the first advance() or restart(): an open used only for random
 // access maps nothing. Threads: advance(), restart() and the destructor are the consumer's (one
@@ -80,8 +74,7 @@ class PageCacheReadAhead {
   void abandon_after_fork();
 
   PopulateMethod method() const { return method_.load(); }
-  // "MADV_POPULATE_READ, 4 workers" or the like ("...; read once: MADV_SEQUENTIAL"), for
-  // stats()["backend"].
+  // "MADV_POPULATE_READ, 4 workers" or the like, for stats()["backend"].
   std::string description() const;
   uint64_t chunks_populated() const { return chunks_populated_.load(); }
   uint64_t bytes_populated() const { return bytes_populated_.load(); }
@@ -105,7 +98,6 @@ class PageCacheReadAhead {
   uint64_t window_;
   int thread_count_;
   bool advise_inline_;
-  bool read_once_;
   // On the heap: a forked child leaks both, since the parent's workers were waiting on them at
   // the fork (destroying the condition variable there waits for those waiters forever).
   std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();

@@ -266,9 +266,10 @@ std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::Mapped
       // 0.35-0.5 s with 2-4 workers against 0.13 s with none).
       if (io_->mostly_resident()) read_ahead = io::ReadAheadPolicy{};
     }
-    // Loading takes as much memory as it reads: a checkpoint larger than half of memory cannot
-    // stay cached beside its weights, so its pages are read once. Smaller ones keep the kernel's
-    // recency, which keeps them cached for the next load. Small ones never ask the limit.
+    // A consumer that copies what it loads needs as many bytes again: a checkpoint larger than
+    // half of memory cannot stay cached beside its weights, whether cached now or not, so the
+    // pass reads its pages once (the views the consumer keeps excepted). Smaller ones keep the
+    // kernel's recency, which keeps them cached for the next load. Small ones never ask.
     read_ahead.read_once = plan_.reads.total_bytes > kInlineReadBytes &&
                            plan_.reads.total_bytes > io::memory_limit_bytes() / 2;
     return std::make_unique<loader::ViewPass>(plan_, std::move(mapping), memory_->factory(), stats_,

@@ -183,7 +183,7 @@ def run_table(files: list[str], names: list[str], samples: int, modes: list[str]
     results: dict = {"files": files, "bytes": total, "samples": samples, "modes": {}}
     for mode in modes:
         runnable = [n for n in names
-                    if not (n.startswith("ceiling: ") and n not in CEILINGS[mode])]
+                    if not (n.startswith("ceiling: ") and n not in CEILINGS.get(mode, ()))]
         table: dict[str, dict] = {n: {"samples": []} for n in runnable}
         for n in runnable:
             reason = available(n)
@@ -218,7 +218,8 @@ def run_table(files: list[str], names: list[str], samples: int, modes: list[str]
                 row["gb_per_s"] = total / row["seconds"] / 1e9
                 row["peak_rss_mb"] = statistics.median(s["peak_rss_mb"] for s in row["samples"])
         # The best read rate measured beside the contenders, by any method.
-        rates = [table[n]["gb_per_s"] for n in CEILINGS[mode] if "gb_per_s" in table.get(n, {})]
+        rates = [table[n]["gb_per_s"] for n in CEILINGS.get(mode, ())
+                 if "gb_per_s" in table.get(n, {})]
         ceiling = max(rates) if rates else None
         reference = table.get("safetensors safe_open", {}).get("gb_per_s")
         baseline = table.get("baseline (torch + destinations)", {}).get("peak_rss_mb")

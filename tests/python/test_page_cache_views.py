@@ -336,18 +336,19 @@ def test_a_checkpoint_larger_than_the_read_ahead_window_keeps_resident_memory_bo
     assert 0 < peak < 48 * 1024, peak  # 0: the mapping was not found, nothing was measured
 
 
-def _vm_flags_of_mappings_of(path: str) -> list[set[str]]:
-    """The VmFlags of each of this process's mappings of one file (/proc/self/smaps)."""
+def _vm_flags_of_mappings_of(path: str) -> list[tuple[int, int, set[str]]]:
+    """(start, end, VmFlags) of each of this process's mappings of one file (/proc/self/smaps)."""
     target = os.path.realpath(path)
     found = []
-    in_file = False
+    span = None
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             fields = line.split()
             if not fields[0].endswith(":"):
-                in_file = " ".join(fields[5:]) == target
-            elif in_file and fields[0] == "VmFlags:":
-                found.append(set(fields[1:]))
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                span = (start, end) if " ".join(fields[5:]) == target else None
+            elif span and fields[0] == "VmFlags:":
+                found.append((*span, set(fields[1:])))
     return found
 
 
@@ -355,20 +356,30 @@ def _vm_flags_of_mappings_of(path: str) -> list[set[str]]:
 def test_a_checkpoint_larger_than_half_of_memory_is_read_once(tmp_path, monkeypatch, copy):
     # Such a checkpoint cannot stay cached beside the weights loaded from it: its mapping is
     # advised MADV_SEQUENTIAL ("sr" in smaps), so the pages it unmaps are not promoted to the
-    # kernel's active list. A smaller one keeps the kernel's recency, to stay cached.
+    # kernel's active list, except a view the consumer keeps (its weight now: its references
+    # count). A smaller checkpoint keeps the kernel's recency, to stay cached.
     tensors = {f"w{i:02d}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
     path = str(tmp_path / "big.safetensors")
     reference_save(tensors, path)
     for memory, read_once in ((24 << 20, True), (64 << 20, False)):
         monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(memory))
+        kept = None
         with instanttensor.safe_open(path, copy=copy) as f:
             for name, tensor in f.tensors():
                 assert tensor[-1].item() == float(int(name[1:])), name
+                kept = tensor if kept is None else kept  # w00, kept past its step
                 mappings = _vm_flags_of_mappings_of(path)
                 assert mappings, "the file's mapping was not found"
-                assert all(("sr" in flags) == read_once for flags in mappings), (memory, mappings)
+                at = kept.data_ptr()
+                for start, end, flags in mappings:
+                    # Leased once the pass moves past the step after its own (the loop's
+                    # variable still binds the last one handed out).
+                    keeps = name not in ("w00", "w01") and start <= at < end
+                    assert ("sr" in flags) == (read_once and not keeps), (name, memory, mappings)
             backend = f.stats()["backend"]
+            assert f.stats()["leased_views"] == 2  # w00, and w03 the loop still binds
         assert ("read once: MADV_SEQUENTIAL" in backend) == read_once, backend
+        assert same_bytes(kept, tensors["w00"])
 
 
 def test_a_small_cold_checkpoint_is_fetched_on_advice_and_a_cached_one_is_not(tmp_path):

@@ -62,6 +62,7 @@ PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::M
       mapping_(std::move(mapping)),
       leased_(plan.checkpoint->files().size()),
       window_(window),
+      read_once_(read_ahead.read_once),
       leased_view_min_bytes_(leased_view_min_bytes()) {
   leases_.resize(plan_.checkpoint->files().size());
   small_views_kept_.resize(plan_.checkpoint->files().size());
@@ -108,6 +109,7 @@ void PageCacheViews::begin_pass() {
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
     unmap_unleased(file, 0, mapping_->size(file));
   }
+  advise_read_once();
   read_ahead_->restart();
 }
 
@@ -174,7 +176,8 @@ void PageCacheViews::abandon_after_fork() {
 }
 
 std::string PageCacheViews::description() const {
-  return "views of the page cache (" + read_ahead_->description() + ")";
+  return "views of the page cache (" + read_ahead_->description() +
+         (read_once_ ? "; read once: MADV_SEQUENTIAL)" : ")");
 }
 
 std::optional<Error> PageCacheViews::release_held(bool keep_last) noexcept {

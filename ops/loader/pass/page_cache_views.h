@@ -48,6 +48,15 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // pass reads a tensor that a leased view of an earlier pass still shows into owned memory instead,
 // so the two never share bytes.
 //
+// With `read_ahead.read_once` (a checkpoint that cannot stay in the page cache beside the weights
+// loaded from it), each pass advises the files' mappings MADV_SEQUENTIAL, so the pages unmapped
+// behind the consumer are not promoted to the kernel's active list and leave before the rest of
+// the page cache. The pages of a leased view are advised MADV_NORMAL again when it is kept (it
+// is the consumer's weight now: its references count), at each pass's start too, since a lease
+// broken by a writer maps its range afresh (30 GB on 23.5 GiB: 7 million pages promoted per
+// load and a 3 GB file read just before evicted whole; read once, 15 thousand and the file kept
+// cached, as under safetensors; benchmarks/README.md).
+//
 // Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
 class PageCacheViews {
  public:
@@ -110,6 +119,10 @@ class PageCacheViews {
   bool make_owned(const Held& held, std::optional<Error>& changed) noexcept;
   // madvise(MADV_DONTNEED) over [begin, end) of `file`'s mapping, leased views' pages excepted.
   void unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept;
+  // read_once_: every file's mapping MADV_SEQUENTIAL, leased views' pages MADV_NORMAL.
+  void advise_read_once() noexcept;
+  // read_once_: the pages of `length` bytes at `data` (in `file`'s mapping) MADV_NORMAL.
+  void advise_kept(const uint8_t* data, uint64_t length) noexcept;
   // A view kept from an earlier pass, leased (so at the mapping's own address), shows some of
   // `item`'s bytes: a view of them now would share them with it.
   bool shown_by_a_leased_view(size_t item);
@@ -143,6 +156,7 @@ class PageCacheViews {
   bool leased_before_this_pass_ = false;  // a view of an earlier pass may share an item's bytes
   std::vector<uint64_t> dropped_up_to_;   // per file: pages before this offset are unmapped
   uint64_t window_;
+  bool read_once_;
   uint64_t leased_view_min_bytes_;          // smaller kept views are copied (page_cache_views.cpp)
   std::vector<uint32_t> small_views_kept_;  // per file, before its lease was asked for
   size_t last_handed_out_ = SIZE_MAX;

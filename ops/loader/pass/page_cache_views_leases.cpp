@@ -3,11 +3,13 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "instanttensor/error.h"
+#include "io/direct_io.h"
 #include "io/untouched_pages.h"
 #include "loader/pass/page_cache_views.h"
 #include "loader/transfer/storage_views.h"
@@ -66,6 +68,7 @@ bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
     auto protection = lease->protect(start, static_cast<uint64_t>(data - start), storage.nbytes());
     if (!protection) return false;
     leased_.add(t.file_index, t.file_offset, t.nbytes, protection);
+    advise_kept(data, storage.nbytes());
     // The view's storage keeps the mapping and now its protection: the lease holds while any
     // view of it lives, after close too.
     struct MappingUnderLease {
@@ -93,6 +96,26 @@ void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end) n
     begin = std::max(begin, kept_end);
   });
   unmap(begin, end);
+}
+
+void PageCacheViews::advise_read_once() noexcept {
+  if (!read_once_) return;
+  // Advice: a kernel that refuses it leaves the default recency; nothing else changes.
+  for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
+    uint8_t* start = mapping_->data(file);
+    ::madvise(start, mapping_->size(file), MADV_SEQUENTIAL);
+    leased_.each_kept_page_range(file, 0, mapping_->size(file), [&](uint64_t from, uint64_t to) {
+      ::madvise(start + from, to - from, MADV_NORMAL);
+    });
+  }
+}
+
+void PageCacheViews::advise_kept(const uint8_t* data, uint64_t length) noexcept {
+  if (!read_once_ || length == 0) return;
+  const uint64_t page = io::page_size();
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = address / page * page;
+  ::madvise(reinterpret_cast<void*>(first), address + length - first, MADV_NORMAL);
 }
 
 }  // namespace instanttensor::loader
