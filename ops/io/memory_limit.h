@@ -9,10 +9,9 @@ namespace instanttensor::io {
 
 // Physical memory, capped by the lowest memory limit on the path of this process's cgroup (v2
 // `memory.max`, v1 `memory.limit_in_bytes`): a container's limit caps the page cache its
-// processes fill too. Read once per
-// process; a library built with INSTANTTENSOR_TESTING_HOOKS reads
-// INSTANTTENSOR_TESTING_MEMORY_BYTES first, on each call. Any thread. UINT64_MAX when nothing
-// can be read.
+// processes fill too. Read once per process; a library built with INSTANTTENSOR_TESTING_HOOKS
+// reads INSTANTTENSOR_TESTING_MEMORY_BYTES first, on each call. Any thread. UINT64_MAX when
+// nothing can be read.
 uint64_t memory_limit_bytes();
 
 // The limit a cgroup's limit file states ("max" or a byte count, then a newline): UINT64_MAX for

@@ -37,9 +37,6 @@ struct ReadAheadPolicy {
   // consumer's page faults would fetch them one after another (12 shards of 220 KB: the pass
   // 8.5 -> 5 ms). Advice returns before the reads complete; pages in the cache make it cheap.
   bool advise_inline = false;
-  // Not the workers' business: the checkpoint cannot stay in the page cache beside the weights
-  // loaded from it, so the pass reads its pages once (loader/pass/page_cache_views.h).
-  bool read_once = false;
 };
 
 // Workers that populate the pages of `spans` (cut into chunks of about `chunk` bytes) up to

@@ -270,10 +270,10 @@ std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::Mapped
     // half of memory cannot stay cached beside its weights, whether cached now or not, so the
     // pass reads its pages once (the views the consumer keeps excepted). Smaller ones keep the
     // kernel's recency, which keeps them cached for the next load. Small ones never ask.
-    read_ahead.read_once = plan_.reads.total_bytes > kInlineReadBytes &&
+    const bool read_once = plan_.reads.total_bytes > kInlineReadBytes &&
                            plan_.reads.total_bytes > io::memory_limit_bytes() / 2;
     return std::make_unique<loader::ViewPass>(plan_, std::move(mapping), memory_->factory(), stats_,
-                                              plan_.memory.buffer_size, read_ahead);
+                                              plan_.memory.buffer_size, read_ahead, read_once);
   }
   return std::make_unique<loader::ReadPass>(plan_, *reads_, *memory_, options_.device,
                                             options_.copy, rank, stats_);

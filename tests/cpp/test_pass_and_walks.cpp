@@ -267,7 +267,8 @@ TEST(ViewPass, AViewKeptPastItsStepIsMadeOwnedAndOneDroppedCostsNothing) {
   auto parts = compose(write_checkpoint(dir), in, "pread", 32 << 10, 0);
   ASSERT_TRUE(parts->plan.mode.host_views);
   ViewPass pass(parts->plan, map_for_views(*parts->plan.checkpoint), parts->memory->factory(),
-                parts->stats, parts->plan.memory.buffer_size, io::ReadAheadPolicy{});
+                parts->stats, parts->plan.memory.buffer_size, io::ReadAheadPolicy{},
+                /*read_once=*/false);
   AloneWalk walk(pass);
   at::Tensor kept = walk.next()->second;  // t0, kept
   const void* view = kept.data_ptr();
@@ -303,7 +304,8 @@ TEST(ViewPass, AViewKeptPastItsStepStaysAViewUnderALeaseUntilAWriterComes) {
   // Its tensors are small: leased all the same (by default they would be copied out).
   ::setenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES", "0", 1);
   ViewPass pass(parts->plan, map_for_views(*parts->plan.checkpoint), parts->memory->factory(),
-                parts->stats, parts->plan.memory.buffer_size, io::ReadAheadPolicy{});
+                parts->stats, parts->plan.memory.buffer_size, io::ReadAheadPolicy{},
+                /*read_once=*/false);
   ::unsetenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES");
   AloneWalk walk(pass);
   at::Tensor kept = walk.next()->second;  // t0, kept

@@ -55,14 +55,14 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 
 PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
                                TensorFactory& factory, Stats& stats, uint64_t window,
-                               io::ReadAheadPolicy read_ahead)
+                               io::ReadAheadPolicy read_ahead, bool read_once)
     : plan_(plan),
       factory_(factory),
       stats_(stats),
       mapping_(std::move(mapping)),
       leased_(plan.checkpoint->files().size()),
       window_(window),
-      read_once_(read_ahead.read_once),
+      read_once_(read_once),
       leased_view_min_bytes_(leased_view_min_bytes()) {
   leases_.resize(plan_.checkpoint->files().size());
   small_views_kept_.resize(plan_.checkpoint->files().size());

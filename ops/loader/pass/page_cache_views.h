@@ -48,7 +48,7 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // pass reads a tensor that a leased view of an earlier pass still shows into owned memory instead,
 // so the two never share bytes.
 //
-// With `read_ahead.read_once` (a checkpoint that cannot stay in the page cache beside the weights
+// With `read_once` (a checkpoint that cannot stay in the page cache beside the weights
 // loaded from it), each pass advises the files' mappings MADV_SEQUENTIAL, so the pages unmapped
 // behind the consumer are not promoted to the kernel's active list and leave before the rest of
 // the page cache. The pages of a leased view are advised MADV_NORMAL again when it is kept (it
@@ -61,10 +61,11 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 class PageCacheViews {
  public:
   // Over `mapping` (map_for_views of the plan's checkpoint), its next `window` bytes brought in
-  // as `read_ahead` says. `plan`, `factory` and `stats` outlive this part.
+  // as `read_ahead` says, its pages read once with `read_once` (above). `plan`, `factory` and
+  // `stats` outlive this part.
   PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
                  TensorFactory& factory, Stats& stats, uint64_t window,
-                 io::ReadAheadPolicy read_ahead);
+                 io::ReadAheadPolicy read_ahead, bool read_once);
   ~PageCacheViews();
   PageCacheViews(const PageCacheViews&) = delete;
   PageCacheViews& operator=(const PageCacheViews&) = delete;
@@ -121,7 +122,7 @@ class PageCacheViews {
   void unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept;
   // read_once_: every file's mapping MADV_SEQUENTIAL, leased views' pages MADV_NORMAL.
   void advise_read_once() noexcept;
-  // read_once_: the pages of `length` bytes at `data` (in `file`'s mapping) MADV_NORMAL.
+  // read_once_: the pages of the `length` bytes at `data` (a leased view's) MADV_NORMAL.
   void advise_kept(const uint8_t* data, uint64_t length) noexcept;
   // A view kept from an earlier pass, leased (so at the mapping's own address), shows some of
   // `item`'s bytes: a view of them now would share them with it.
