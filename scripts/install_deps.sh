@@ -4,7 +4,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(cmake ninja-build g++ nlohmann-json3-dev libgtest-dev liburing-dev clang-format clang
-  libclang-rt-14-dev strace e2fsprogs)
+  libclang-rt-14-dev strace e2fsprogs ccache)
 missing=()
 for package in "${APT_PACKAGES[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

