@@ -246,7 +246,7 @@ void Loader::start_reads(int local_ranks) {
 }
 
 std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::MappedFiles> mapping,
-                                                int rank) {
+                                                int rank, bool alone_on_host) {
   const auto& mode = plan_.mode;
   if (mode.mapped_iteration) {
     return std::make_unique<loader::MappedPass>(plan_, *io_, memory_->factory(), stats_);
@@ -270,10 +270,19 @@ std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::Mapped
     // half of memory cannot stay cached beside its weights, whether cached now or not, so the
     // pass reads its pages once (the views the consumer keeps excepted). Smaller ones keep the
     // kernel's recency, which keeps them cached for the next load. Small ones never ask.
-    const bool read_once = plan_.reads.total_bytes > kInlineReadBytes &&
-                           plan_.reads.total_bytes > io::memory_limit_bytes() / 2;
+    // One larger than memory is never found cached by a next load (reading it from the start
+    // evicts its own end first): read alone, its pages are dropped behind the consumer, which
+    // spares the kernel's reclaim (30 GB on 23.5 GiB: 1.8-2.7 million pages reclaimed per load,
+    // none dropped; benchmarks/README.md).
+    const uint64_t bytes = plan_.reads.total_bytes;
+    const uint64_t memory = io::memory_limit_bytes();
+    auto cache_use = loader::CacheUse::Keep;
+    if (bytes > kInlineReadBytes && bytes > memory / 2) {
+      cache_use = bytes > memory && alone_on_host ? loader::CacheUse::ReadOnceAndDrop
+                                                  : loader::CacheUse::ReadOnce;
+    }
     return std::make_unique<loader::ViewPass>(plan_, std::move(mapping), memory_->factory(), stats_,
-                                              plan_.memory.buffer_size, read_ahead, read_once);
+                                              plan_.memory.buffer_size, read_ahead, cache_use);
   }
   return std::make_unique<loader::ReadPass>(plan_, *reads_, *memory_, options_.device,
                                             options_.copy, rank, stats_);
@@ -286,7 +295,11 @@ void Loader::compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
   random_ = std::make_unique<loader::RandomAccess>(plan_, mode, options_.device,
                                                    plan_.device_budget, *io_, *reads_,
                                                    memory_->factory(), memory_->recycled(), stats_);
-  pass_ = make_pass(std::move(mapping), mode.exchanging() ? exchange->rank() : 0);
+  // Ranks of a group that took no handshake may share this host: not alone, as far as known.
+  const auto& group = options_.process_group;
+  const bool alone_on_host =
+      exchange ? exchange->topology().local_ranks == 1 : !group || group->getSize() <= 1;
+  pass_ = make_pass(std::move(mapping), mode.exchanging() ? exchange->rank() : 0, alone_on_host);
   if (!mode.in_step) {
     walk_ = std::make_unique<loader::AloneWalk>(*pass_);
   } else if (mode.exchanging()) {

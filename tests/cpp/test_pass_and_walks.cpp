@@ -268,7 +268,7 @@ TEST(ViewPass, AViewKeptPastItsStepIsMadeOwnedAndOneDroppedCostsNothing) {
   ASSERT_TRUE(parts->plan.mode.host_views);
   ViewPass pass(parts->plan, map_for_views(*parts->plan.checkpoint), parts->memory->factory(),
                 parts->stats, parts->plan.memory.buffer_size, io::ReadAheadPolicy{},
-                /*read_once=*/false);
+                CacheUse::Keep);
   AloneWalk walk(pass);
   at::Tensor kept = walk.next()->second;  // t0, kept
   const void* view = kept.data_ptr();
@@ -305,7 +305,7 @@ TEST(ViewPass, AViewKeptPastItsStepStaysAViewUnderALeaseUntilAWriterComes) {
   ::setenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES", "0", 1);
   ViewPass pass(parts->plan, map_for_views(*parts->plan.checkpoint), parts->memory->factory(),
                 parts->stats, parts->plan.memory.buffer_size, io::ReadAheadPolicy{},
-                /*read_once=*/false);
+                CacheUse::Keep);
   ::unsetenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES");
   AloneWalk walk(pass);
   at::Tensor kept = walk.next()->second;  // t0, kept

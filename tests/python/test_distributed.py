@@ -485,6 +485,22 @@ def test_ranks_on_one_host_read_alone_through_its_page_cache(tmp_path, checkpoin
         assert f"{world} ranks on this host" in result["stats"]["backend"]
 
 
+def test_ranks_on_one_host_never_drop_the_page_cache_of_a_checkpoint_larger_than_memory(
+        tmp_path):
+    # Read alone, such a checkpoint's pages are dropped behind the consumer; ranks sharing a
+    # host's page cache read it once in order only if none drops what another has not read yet.
+    torch.manual_seed(5)
+    tensors = {f"w{i}": torch.randn(1 << 20) for i in range(3)}  # 12 MiB, above 8 MiB of memory
+    path = str(tmp_path / "big.safetensors")
+    reference_save(tensors, path)
+    results = run_ranks(tmp_path, [[path]] * 2, {"copy": True},
+                        env={"INSTANTTENSOR_TESTING_MEMORY_BYTES": str(8 << 20)})
+    assert_each_rank_read_everything(results, 12 << 20, {n: digest(t) for n, t in tensors.items()})
+    for result in results:
+        backend = result["stats"]["backend"]
+        assert "read once: MADV_SEQUENTIAL" in backend and "DONTNEED" not in backend, backend
+
+
 def test_each_ranks_debug_line_is_whole_and_names_its_rank(tmp_path, checkpoint):
     """vLLM's workers share one stderr: a line written in pieces would interleave with others.
     (The rank's name is checked every run; pieces interleave only when ranks close together.)"""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
 import threading
 import time
@@ -380,6 +381,70 @@ def test_a_checkpoint_larger_than_half_of_memory_is_read_once(tmp_path, monkeypa
             assert f.stats()["leased_views"] == 2  # w00, and w03 the loop still binds
         assert ("read once: MADV_SEQUENTIAL" in backend) == read_once, backend
         assert same_bytes(kept, tensors["w00"])
+
+
+def _cached_share(path: str, start: int, length: int) -> float:
+    """Share of the pages of [start, start + length) of the file in the page cache (mincore over a
+    mapping of its own, never touched)."""
+    import ctypes
+
+    from instanttensor._demo_bench import _libc
+
+    libc = _libc()
+    page = mmap.PAGESIZE
+    first, end = start // page * page, start + length
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, end - first, mmap.PROT_READ, mmap.MAP_SHARED, fd, first)
+        assert address not in (None, ctypes.c_void_p(-1).value)
+        pages = (end - first + page - 1) // page
+        vector = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(address, end - first, vector) == 0
+        libc.munmap(address, end - first)
+        return sum(v & 1 for v in vector) / pages
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind(tmp_path,
+                                                                                  monkeypatch,
+                                                                                  copy):
+    # Larger than memory, no next load finds it cached: the pages behind the consumer are
+    # dropped from the page cache as they are unmapped (POSIX_FADV_DONTNEED), a kept view's
+    # excepted (mapped pages are never dropped). Between half of memory and memory, they stay.
+    from instanttensor._demo_bench import evict
+
+    tensors = {f"w{i:02d}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
+    path = str(tmp_path / "big.safetensors")
+    reference_save(tensors, path)
+    if evict([path]) > 0.5:
+        pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
+    with open(path, "rb") as file:
+        header = json.loads(file.read(_data_start(path))[8:])
+    at = {n: (_data_start(path) + header[n]["data_offsets"][0], tensors[n].nbytes) for n in tensors}
+    for memory, dropped in ((12 << 20, True), (24 << 20, False)):
+        monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(memory))
+        kept = None
+        with instanttensor.safe_open(path, copy=copy) as f:
+            for name, tensor in f.tensors():
+                assert same_bytes(tensor, tensors[name]), name  # every page read
+                kept = tensor if kept is None else kept  # w00, kept past its step
+                if name == "w03":  # w01 is behind the consumer: unmapped
+                    # Its pages shared with no neighbour (the last one is w02's first, held).
+                    begin, length = at["w01"]
+                    page = mmap.PAGESIZE
+                    inner = (begin + page - 1) // page * page, (begin + length) // page * page
+                    share = _cached_share(path, inner[0], inner[1] - inner[0])
+                    assert share == (0.0 if dropped else 1.0), share
+                    assert _cached_share(path, *at["w02"]) == 1.0  # the loop still binds it
+                    if f.stats()["leased_views"]:  # w00 kept as a view: its pages are mapped
+                        assert _cached_share(path, *at["w00"]) == 1.0
+            backend = f.stats()["backend"]
+        assert ("POSIX_FADV_DONTNEED behind" in backend) == dropped, backend
+        assert "read once: MADV_SEQUENTIAL" in backend, backend
+        assert same_bytes(kept, tensors["w00"])
+        evict([path])
 
 
 def test_a_small_cold_checkpoint_is_fetched_on_advice_and_a_cached_one_is_not(tmp_path):

@@ -55,14 +55,14 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 
 PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
                                TensorFactory& factory, Stats& stats, uint64_t window,
-                               io::ReadAheadPolicy read_ahead, bool read_once)
+                               io::ReadAheadPolicy read_ahead, CacheUse cache_use)
     : plan_(plan),
       factory_(factory),
       stats_(stats),
       mapping_(std::move(mapping)),
       leased_(plan.checkpoint->files().size()),
       window_(window),
-      read_once_(read_once),
+      cache_use_(cache_use),
       leased_view_min_bytes_(leased_view_min_bytes()) {
   leases_.resize(plan_.checkpoint->files().size());
   small_views_kept_.resize(plan_.checkpoint->files().size());
@@ -177,7 +177,10 @@ void PageCacheViews::abandon_after_fork() {
 
 std::string PageCacheViews::description() const {
   return "views of the page cache (" + read_ahead_->description() +
-         (read_once_ ? "; read once: MADV_SEQUENTIAL)" : ")");
+         (cache_use_ == CacheUse::ReadOnce          ? "; read once: MADV_SEQUENTIAL)"
+          : cache_use_ == CacheUse::ReadOnceAndDrop ? "; read once: MADV_SEQUENTIAL, "
+                                                      "POSIX_FADV_DONTNEED behind)"
+                                                    : ")");
 }
 
 std::optional<Error> PageCacheViews::release_held(bool keep_last) noexcept {
@@ -273,7 +276,7 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
   auto drop = [&](size_t file, uint64_t end) {
     uint64_t& begin = dropped_up_to_[file];
     if (end <= begin) return;
-    unmap_unleased(file, begin, end);
+    unmap_unleased(file, begin, end, cache_use_ == CacheUse::ReadOnceAndDrop);
     begin = end;
   };
   for (size_t file = 0; file < std::min(up_to_file, dropped_up_to_.size()); ++file) {

@@ -23,6 +23,21 @@
 
 namespace instanttensor::loader {
 
+// What a pass does with the page cache behind its consumer.
+enum class CacheUse {
+  // The kernel's recency: a checkpoint that fits keeps its pages cached for the next load.
+  Keep,
+  // A checkpoint larger than half of memory, which cannot stay cached beside the weights loaded
+  // from it: its mappings are advised MADV_SEQUENTIAL, so the pages unmapped behind the consumer
+  // leave the cache before the rest of it (a working set the system uses).
+  ReadOnce,
+  // ReadOnce, for a checkpoint larger than memory with no other rank on this host: the pages
+  // behind the consumer are also dropped from the page cache (POSIX_FADV_DONTNEED), so the
+  // kernel's reclaim never has to find them. Not with ranks on this host, which may not have
+  // read them yet; not for a smaller checkpoint, whose pages a next load may find.
+  ReadOnceAndDrop,
+};
+
 // A private mapping of every file of `checkpoint`, for PageCacheViews: made when the mode is
 // chosen, before the memory plan, so a file that cannot be mapped (Error(Io) naming it) leaves
 // the read path planned as such. Any thread.
@@ -48,24 +63,26 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // pass reads a tensor that a leased view of an earlier pass still shows into owned memory instead,
 // so the two never share bytes.
 //
-// With `read_once` (a checkpoint that cannot stay in the page cache beside the weights
+// With CacheUse::ReadOnce (a checkpoint that cannot stay in the page cache beside the weights
 // loaded from it), each pass advises the files' mappings MADV_SEQUENTIAL, so the pages unmapped
 // behind the consumer are not promoted to the kernel's active list and leave before the rest of
 // the page cache. The pages of a leased view are advised MADV_NORMAL again when it is kept (it
 // is the consumer's weight now: its references count), at each pass's start too, since a lease
 // broken by a writer maps its range afresh (30 GB on 23.5 GiB: 7 million pages promoted per
 // load and a 3 GB file read just before evicted whole; read once, 15 thousand and the file kept
-// cached, as under safetensors; benchmarks/README.md).
+// cached, as under safetensors; benchmarks/README.md). With CacheUse::ReadOnceAndDrop the ranges
+// unmapped behind the consumer are dropped from the page cache too (pages still mapped, a leased
+// view's, stay: the kernel never drops a mapped page).
 //
 // Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
 class PageCacheViews {
  public:
   // Over `mapping` (map_for_views of the plan's checkpoint), its next `window` bytes brought in
-  // as `read_ahead` says, its pages read once with `read_once` (above). `plan`, `factory` and
+  // as `read_ahead` says, the page cache used as `cache_use` says (above). `plan`, `factory` and
   // `stats` outlive this part.
   PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
                  TensorFactory& factory, Stats& stats, uint64_t window,
-                 io::ReadAheadPolicy read_ahead, bool read_once);
+                 io::ReadAheadPolicy read_ahead, CacheUse cache_use);
   ~PageCacheViews();
   PageCacheViews(const PageCacheViews&) = delete;
   PageCacheViews& operator=(const PageCacheViews&) = delete;
@@ -118,11 +135,12 @@ class PageCacheViews {
   // Copies a held view into owned memory; false when there was no memory for it (it stays a
   // view). `changed`: set when its file changed since open.
   bool make_owned(const Held& held, std::optional<Error>& changed) noexcept;
-  // madvise(MADV_DONTNEED) over [begin, end) of `file`'s mapping, leased views' pages excepted.
-  void unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept;
-  // read_once_: every file's mapping MADV_SEQUENTIAL, leased views' pages MADV_NORMAL.
+  // madvise(MADV_DONTNEED) over [begin, end) of `file`'s mapping, leased views' pages excepted;
+  // with `drop_cache`, those pages dropped from the page cache too (posix_fadvise).
+  void unmap_unleased(size_t file, uint64_t begin, uint64_t end, bool drop_cache = false) noexcept;
+  // Not CacheUse::Keep: every file's mapping MADV_SEQUENTIAL, leased views' pages MADV_NORMAL.
   void advise_read_once() noexcept;
-  // read_once_: the pages of the `length` bytes at `data` (a leased view's) MADV_NORMAL.
+  // Not CacheUse::Keep: the pages of the `length` bytes at `data` (a leased view's) MADV_NORMAL.
   void advise_kept(const uint8_t* data, uint64_t length) noexcept;
   // A view kept from an earlier pass, leased (so at the mapping's own address), shows some of
   // `item`'s bytes: a view of them now would share them with it.
@@ -157,7 +175,7 @@ class PageCacheViews {
   bool leased_before_this_pass_ = false;  // a view of an earlier pass may share an item's bytes
   std::vector<uint64_t> dropped_up_to_;   // per file: pages before this offset are unmapped
   uint64_t window_;
-  bool read_once_;
+  CacheUse cache_use_;
   uint64_t leased_view_min_bytes_;          // smaller kept views are copied (page_cache_views.cpp)
   std::vector<uint32_t> small_views_kept_;  // per file, before its lease was asked for
   size_t last_handed_out_ = SIZE_MAX;

@@ -1,5 +1,6 @@
 // PageCacheViews' part that keeps views under a lease on their file (io/file_lease.h): the
 // kept view itself, the pages it keeps mapped, and a later pass that must not share its bytes.
+#include <fcntl.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -85,11 +86,28 @@ bool PageCacheViews::keep_under_lease(const Held& held) noexcept {
   }
 }
 
-void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end) noexcept {
+void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end,
+                                    bool drop_cache) noexcept {
   // Nothing else views the other pages: a later touch would map the file's bytes again. A
   // leased view's pages stay: dropping them would lose an in-place write, or its private copy.
+  int fd = -1;
+  if (drop_cache && end > begin && plan_.checkpoint->descriptor_in_use(file)) {
+    // The descriptor settle() took for the file's views (acquire returns the one in use: no
+    // reopen, no check that could fail; use is a flag, so nothing to release here). A file's
+    // last range is dropped before drop_pages_behind releases it.
+    try {
+      fd = plan_.checkpoint->descriptor(file);
+    } catch (...) {
+      fd = -1;  // cannot happen for a descriptor in use; advice is skipped, never raised
+    }
+  }
   auto unmap = [&](uint64_t from, uint64_t to) {
-    if (to > from) ::madvise(mapping_->data(file) + from, to - from, MADV_DONTNEED);
+    if (to <= from) return;
+    ::madvise(mapping_->data(file) + from, to - from, MADV_DONTNEED);
+    // Advice as well: pages another process maps, or one it is reading, stay.
+    if (fd >= 0)
+      ::posix_fadvise(fd, static_cast<off_t>(from), static_cast<off_t>(to - from),
+                      POSIX_FADV_DONTNEED);
   };
   leased_.each_kept_page_range(file, begin, end, [&](uint64_t kept_begin, uint64_t kept_end) {
     unmap(begin, std::min(kept_begin, end));
@@ -99,7 +117,7 @@ void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end) n
 }
 
 void PageCacheViews::advise_read_once() noexcept {
-  if (!read_once_) return;
+  if (cache_use_ == CacheUse::Keep) return;
   // Advice: a kernel that refuses it leaves the default recency; nothing else changes.
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
     uint8_t* start = mapping_->data(file);
@@ -111,7 +129,7 @@ void PageCacheViews::advise_read_once() noexcept {
 }
 
 void PageCacheViews::advise_kept(const uint8_t* data, uint64_t length) noexcept {
-  if (!read_once_ || length == 0) return;
+  if (cache_use_ == CacheUse::Keep || length == 0) return;
   const uint64_t page = io::page_size();
   const auto address = reinterpret_cast<uintptr_t>(data);
   const uintptr_t first = address / page * page;

@@ -4,12 +4,12 @@ namespace instanttensor::loader {
 
 ViewPass::ViewPass(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
                    TensorFactory& factory, Stats& stats, uint64_t window,
-                   io::ReadAheadPolicy read_ahead, bool read_once)
+                   io::ReadAheadPolicy read_ahead, CacheUse cache_use)
     : Pass(plan),
       factory_(factory),
       stats_(stats),
       views_(std::make_unique<PageCacheViews>(plan, std::move(mapping), factory, stats, window,
-                                              read_ahead, read_once)) {}
+                                              read_ahead, cache_use)) {}
 
 std::pair<std::string, at::Tensor> ViewPass::hand_out(size_t item) {
   state_.next_item = item + 1;

@@ -15,11 +15,11 @@ namespace instanttensor::loader {
 class ViewPass : public Pass {
  public:
   // Over `mapping` (map_for_views), its next `window` bytes brought in as `read_ahead` says
-  // (workers, or advice on the consumer's thread), its pages read once with `read_once`
+  // (workers, or advice on the consumer's thread), the page cache used as `cache_use` says
   // (PageCacheViews). `plan`, `factory` and `stats` outlive the pass.
   ViewPass(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
            TensorFactory& factory, Stats& stats, uint64_t window, io::ReadAheadPolicy read_ahead,
-           bool read_once);
+           CacheUse cache_use);
 
   std::optional<Error> settle(size_t item) override { return views_->settle(item); }
   // The view of `item`. A file changed since open fails the pass (Error(Io) naming it).
