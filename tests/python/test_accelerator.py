@@ -232,8 +232,17 @@ def test_a_read_failure_while_copies_are_in_flight_frees_nothing_early(accel, ch
             with instanttensor.safe_open(paths, device=f"{accel.kind}:0", copy=copy,
                                          staging_size=32 << 10, chunk_size=4096,
                                          concurrency=2) as f:
-                torch.ops.instanttensor_testing.arm_read_fault(6, 5)  # EIO on the 7th read
+                if slow_copies:
+                    torch.ops.instanttensor_testing.arm_read_fault(6, 5)  # EIO on the 7th read
+                else:
+                    # Reads at 5 ms each cannot finish the pass (~120 reads) before the consumer
+                    # holds its first tensor, and the next read after that fails: the failure
+                    # comes mid-pass after a tensor, whatever the scheduling (the 7th read failing
+                    # could race the first tensor's delivery).
+                    torch.ops.instanttensor_testing.arm_read_delay(5)
                 for name, tensor in f.tensors():
+                    if not received and not slow_copies:
+                        torch.ops.instanttensor_testing.arm_read_fault(1, 5)
                     received[name] = tensor.clone()
                     del tensor  # the traceback of the failure would keep it
         return received
