@@ -13,7 +13,11 @@ FENCES=(staging_reuse release retained_reads landed load_into_start materialize 
 # Two runs at a time: the simulated device's delays are sleeps, so two runs share the cores
 # (one after another they took 150 s of CI's time).
 JOBS=${FENCE_JOBS:-2}
-logs=$(mktemp -d)
+if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
+  echo "FENCE_JOBS must be a whole number of at least 1, not '$JOBS'"
+  exit 2
+fi
+logs=$(mktemp -d) || exit 2
 trap 'rm -rf "$logs"' EXIT
 run_dropped() {  # run_dropped FENCE: the suite's output in $logs/FENCE.out, its status in .rc
   INSTANTTENSOR_TESTING_DROP_FENCE=$1 INSTANTTENSOR_SIMDEV_DELAY=1 \
@@ -29,12 +33,18 @@ wait
 uncaught=()
 for fence in "${FENCES[@]}"; do
   out=$(cat "$logs/$fence.out")
-  rc=$(cat "$logs/$fence.rc")
+  rc=$(cat "$logs/$fence.rc" 2>/dev/null)
   caught=$(echo "$out" | grep -E "^(FAILED|ERROR)" | sed -e 's/^[A-Z]* test_accelerator.py:://' -e 's/ - .*//' | paste -sd, -)
   crash=$(echo "$out" | grep -oE "Fatal Python error: [A-Za-z ]+" | head -1)
-  if [ "$rc" -eq 0 ]; then
+  # Caught means a test failed or the process crashed: a timeout, a missing status or a run
+  # that never got to its tests proves nothing and counts as not caught.
+  if [ "$rc" = 0 ]; then
     uncaught+=("$fence")
     echo "fence $fence dropped: NOT caught (the suite stayed green)"
+  elif [ -z "$caught" ] && [ -z "$crash" ]; then
+    uncaught+=("$fence")
+    echo "fence $fence dropped: NOT caught (the run ended with status '${rc}' and no failed test)"
+    echo "$out" | tail -5
   else
     where=$(echo "$out" | grep -m1 -oE 'line [0-9]+ in test_[a-z_]+' | sed 's/.* in //')
     echo "fence $fence dropped: caught by ${caught}${crash:+ ${crash} in ${where}}"
