@@ -97,7 +97,8 @@ class Loader {
   void compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
                      std::shared_ptr<const io::MappedFiles> mapping);
   // `rank`: this rank's, for a pass that exchanges; `alone_on_host`: no other rank of the group
-  // reads this host's page cache (no group, or the handshake found none).
+  // reads this host's page cache (the handshake found none; without a handshake, a group of
+  // one, or no group and no launcher stating other processes on this host).
   std::unique_ptr<loader::Pass> make_pass(std::shared_ptr<const io::MappedFiles> mapping, int rank,
                                           bool alone_on_host);
 

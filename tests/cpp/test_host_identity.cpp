@@ -63,5 +63,30 @@ TEST(HostTopology, CountsTheRanksOfThisHostAndTheHosts) {
   EXPECT_EQ(host_topology(alone, 0).hosts, 2);
 }
 
+TEST(LauncherLocalRanks, OnlyAWholePositiveCountMakesAProcessNotAlone) {
+  EXPECT_EQ(parse_local_ranks(nullptr), 1);
+  EXPECT_EQ(parse_local_ranks("4"), 4);
+  EXPECT_EQ(parse_local_ranks("1"), 1);
+  for (const char* bad : {"", "0", "-2", "2x", " 2", "two", "99999999999999999999", "2000000"}) {
+    EXPECT_EQ(parse_local_ranks(bad), 1) << bad;
+  }
+}
+
+TEST(LauncherLocalRanks, TheLargestCountAnyLauncherStatesWins) {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    ::unsetenv(name);
+  }
+  EXPECT_EQ(launcher_local_ranks(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(launcher_local_ranks(), 2);
+  ::setenv("MPI_LOCALNRANKS", "3", 1);
+  EXPECT_EQ(launcher_local_ranks(), 3);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "junk", 1);
+  EXPECT_EQ(launcher_local_ranks(), 3);
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    ::unsetenv(name);
+  }
+}
+
 }  // namespace
 }  // namespace instanttensor::loader

@@ -447,6 +447,31 @@ def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind
         evict([path])
 
 
+@pytest.mark.parametrize("variable", ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"])
+def test_a_process_a_launcher_started_beside_others_drops_no_page_cache(tmp_path, monkeypatch,
+                                                                         variable):
+    # torchrun or MPI replicas given no process group share the host's page cache: pages one of
+    # them drops, another may not have read yet. Only the launcher's count says they exist.
+    from instanttensor._demo_bench import evict
+
+    tensors = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
+    path = str(tmp_path / "big.safetensors")
+    reference_save(tensors, path)
+    if evict([path]) > 0.5:
+        pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
+    monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(12 << 20))
+    for local_size, dropped in (("2", False), ("1", True)):
+        monkeypatch.setenv(variable, local_size)
+        with instanttensor.safe_open(path) as f:
+            assert all(same_bytes(t, tensors[n]) for n, t in f.tensors())
+            backend = f.stats()["backend"]
+        assert "read once: MADV_SEQUENTIAL" in backend, backend
+        assert ("POSIX_FADV_DONTNEED behind" in backend) == dropped, (local_size, backend)
+        if not dropped:  # every page read stays cached for the neighbours
+            assert _cached_share(path, _data_start(path), 16 << 20) == 1.0
+        evict([path])
+
+
 def test_a_small_cold_checkpoint_is_fetched_on_advice_and_a_cached_one_is_not(tmp_path):
     # No read-ahead workers below 8 MiB: the consumer's thread advises the kernel to fetch every
     # shard at once instead of faulting them in one after another. Cached, nothing is advised.

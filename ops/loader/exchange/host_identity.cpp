@@ -47,4 +47,20 @@ HostTopology host_topology(const std::vector<uint64_t>& identities, int rank) {
   return topology;
 }
 
+int parse_local_ranks(const char* value) {
+  if (value == nullptr || *value < '0' || *value > '9') return 1;
+  char* end = nullptr;
+  const unsigned long long count = std::strtoull(value, &end, 10);
+  if (*end != '\0' || count < 1 || count > (1u << 20)) return 1;
+  return static_cast<int>(count);
+}
+
+int launcher_local_ranks() {
+  int ranks = 1;
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    ranks = std::max(ranks, parse_local_ranks(std::getenv(name)));
+  }
+  return ranks;
+}
+
 }  // namespace instanttensor::loader
