@@ -19,6 +19,16 @@ if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
 fi
 logs=$(mktemp -d) || exit 2
 trap 'rm -rf "$logs"' EXIT
+# Interrupted, the runs stop too: each job is a subshell whose child is `timeout`, which passes
+# the signal on to its pytest; killing the subshell alone would leave them running.
+stop_runs() {
+  for job in $(jobs -p); do
+    pkill -TERM -P "$job" 2>/dev/null
+    kill -TERM "$job" 2>/dev/null
+  done
+  exit 130
+}
+trap stop_runs INT TERM
 run_dropped() {  # run_dropped FENCE: the suite's output in $logs/FENCE.out, its status in .rc
   INSTANTTENSOR_TESTING_DROP_FENCE=$1 INSTANTTENSOR_SIMDEV_DELAY=1 \
     INSTANTTENSOR_CMAKE_BUILD_DIR=$BUILD timeout 600 "${PYTHON:-python3}" -m pytest -q \

@@ -97,6 +97,7 @@ void PageCacheReadAhead::restart() {
     std::lock_guard<std::mutex> lock(*mutex_);
     next_chunk_ = 0;
     position_ = 0;
+    floor_ = 0;
     active_ = true;
   }
   wake_->notify_all();
@@ -111,6 +112,21 @@ void PageCacheReadAhead::abandon_after_fork() {
   (void)new std::vector<std::thread>(std::move(workers_));
   (void)mutex_.release();
   (void)wake_.release();
+  (void)populated_.release();
+}
+
+void PageCacheReadAhead::settle_before(uint64_t position) noexcept {
+  if (abandoned_ || thread_count_ == 0) return;
+  try {
+    std::unique_lock<std::mutex> lock(*mutex_);
+    floor_ = std::max(floor_, position);
+    populated_->wait(lock, [&] {
+      return std::none_of(in_flight_.begin(), in_flight_.end(),
+                          [&](uint64_t chunk) { return chunk < position; });
+    });
+  } catch (...) {
+    // std::system_error from the mutex: the workers' mapping is advice, and so is this wait.
+  }
 }
 
 std::string PageCacheReadAhead::description() const {
@@ -130,8 +146,14 @@ void PageCacheReadAhead::work() {
       wake_->wait(lock, [&] { return stopping_ || (active_ && next_chunk_within_window()); });
       if (stopping_) return;
       chunk = chunks_[next_chunk_++];
+      in_flight_.push_back(chunk.position);
     }
     populate(chunk);
+    {
+      std::lock_guard<std::mutex> lock(*mutex_);
+      in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), chunk.position));
+    }
+    populated_->notify_all();
   }
 }
 
@@ -140,7 +162,8 @@ bool PageCacheReadAhead::next_chunk_within_window() {
   // it again, after the views part unmapped them (a consumer faster than the storage grew
   // resident memory by the whole file).
   while (next_chunk_ < chunks_.size() &&
-         chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_) {
+         (chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_ ||
+          chunks_[next_chunk_].position < floor_)) {
     ++next_chunk_;
   }
   const uint64_t ahead_limit = position_ > UINT64_MAX - window_ ? UINT64_MAX : position_ + window_;

@@ -67,6 +67,13 @@ class PageCacheReadAhead {
   // A new pass: population (or advice) starts again from the first chunk (resident pages cost
   // little).
   void restart();
+  // The consumer is about to unmap what lies before `position` (bytes of the spans): chunks that
+  // start before it are never populated once this returns. Those no worker took are skipped;
+  // those being populated are waited for (pages the consumer passed are cached, so a populate
+  // in flight only maps them). Without it, a worker slower than a consumer that faulted its
+  // pages itself maps them again after the unmap: resident again, and cached after a drop.
+  // Consumer's thread; no-op without workers or after a fork.
+  void settle_before(uint64_t position) noexcept;
   // In a forked child: the workers were the parent's; nothing is joined, nothing more populated.
   void abandon_after_fork();
 
@@ -84,8 +91,8 @@ class PageCacheReadAhead {
   };
   void work();
   void populate(const Chunk& chunk);
-  // Under mutex_: skips the chunks the consumer has passed; whether the next chunk starts within
-  // the window ahead of it.
+  // Under mutex_: skips the chunks the consumer has passed, and those starting before floor_;
+  // whether the next chunk starts within the window ahead of the consumer.
   bool next_chunk_within_window();
   // advise_inline: MADV_WILLNEED over the chunks within the window not advised yet. Consumer.
   void advise_window();
@@ -99,10 +106,13 @@ class PageCacheReadAhead {
   // the fork (destroying the condition variable there waits for those waiters forever).
   std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
   std::unique_ptr<std::condition_variable> wake_ = std::make_unique<std::condition_variable>();
-  size_t next_chunk_ = 0;  // guarded by mutex_
-  uint64_t position_ = 0;  // guarded by mutex_
-  bool stopping_ = false;  // guarded by mutex_
-  bool active_ = false;    // guarded by mutex_: a pass began (nothing is populated before)
+  std::unique_ptr<std::condition_variable> populated_ = std::make_unique<std::condition_variable>();
+  std::vector<uint64_t> in_flight_;  // guarded by mutex_: positions of chunks being populated
+  uint64_t floor_ = 0;               // guarded by mutex_: no chunk starting before it is taken
+  size_t next_chunk_ = 0;            // guarded by mutex_
+  uint64_t position_ = 0;            // guarded by mutex_
+  bool stopping_ = false;            // guarded by mutex_
+  bool active_ = false;  // guarded by mutex_: a pass began (nothing is populated before)
   std::atomic<PopulateMethod> method_{PopulateMethod::PopulateRead};
   std::atomic<uint64_t> chunks_populated_{0};
   std::atomic<uint64_t> bytes_populated_{0};

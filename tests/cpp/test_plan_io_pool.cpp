@@ -175,6 +175,24 @@ TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
     EXPECT_TRUE(eventually([&] { return ahead.chunks_populated() == 7; }));
   }
   {
+    // The consumer unmaps what lies before a position: chunks starting before it are skipped
+    // from then on, and settle_before returns only once none of them is being populated.
+    io::PageCacheReadAhead ahead(files, {{0, 0, 8 * mib}}, 2 * mib, mib, io::ReadAheadPolicy{2});
+    ahead.restart();
+    ahead.settle_before(UINT64_MAX);  // the pass ends at once
+    const uint64_t settled = ahead.chunks_populated();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(ahead.chunks_populated(), settled);  // none was still in flight
+    ahead.restart();                               // a new pass: no floor
+    ASSERT_TRUE(eventually([&] { return ahead.chunks_populated() == settled + 2; }));
+    ahead.settle_before(5 * mib);
+    ahead.advance(3 * mib);  // 3 and 4 MiB within the window, but before the floor
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(ahead.chunks_populated(), settled + 2);
+    ahead.advance(5 * mib);  // 5 and 6 MiB
+    EXPECT_TRUE(eventually([&] { return ahead.chunks_populated() == settled + 4; }));
+  }
+  {
     io::PageCacheReadAhead none(files, {{0, 0, 8 * mib}}, 8 * mib, mib, io::ReadAheadPolicy{});
     none.advance(mib);
     EXPECT_EQ(none.chunks_populated(), 0u);

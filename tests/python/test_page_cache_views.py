@@ -447,6 +447,40 @@ def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind
         evict([path])
 
 
+def test_a_checkpoint_larger_than_memory_in_two_files_drops_each_files_pages(tmp_path,
+                                                                           monkeypatch):
+    # The ranges dropped behind the consumer are per file: the first file's inner pages leave
+    # the page cache while the second is read, and the second's pages behind leave it too.
+    from instanttensor._demo_bench import evict
+
+    tensors = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(6)}  # 24 MiB
+    paths = [str(tmp_path / f"part{p}.safetensors") for p in range(2)]
+    reference_save({n: tensors[n] for n in ("w0", "w1", "w2")}, paths[0])
+    reference_save({n: tensors[n] for n in ("w3", "w4", "w5")}, paths[1])
+    page = mmap.PAGESIZE
+    inner = {}  # pages of each tensor shared with no neighbour, read before the eviction
+    for path in paths:
+        start = _data_start(path)
+        with open(path, "rb") as file:
+            for name, entry in json.loads(file.read(start)[8:]).items():
+                begin, end = entry["data_offsets"]
+                first = (start + begin + page - 1) // page * page
+                inner[name] = (path, first, (start + end) // page * page - first)
+    if evict(paths) > 0.5:
+        pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
+
+    monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(16 << 20))
+    seen = {}
+    with instanttensor.safe_open(paths) as f:
+        for name, tensor in f.tensors():
+            assert same_bytes(tensor, tensors[name]), name
+            if name == "w5":  # w0, w1 (first file) and w3 (second) are behind the consumer
+                seen = {n: _cached_share(*inner[n]) for n in ("w0", "w1", "w3")}
+        backend = f.stats()["backend"]
+    assert "POSIX_FADV_DONTNEED behind" in backend, backend
+    assert seen == {"w0": 0.0, "w1": 0.0, "w3": 0.0}, seen
+
+
 @pytest.mark.parametrize("variable", ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"])
 def test_a_process_a_launcher_started_beside_others_drops_no_page_cache(tmp_path, monkeypatch,
                                                                          variable):

@@ -273,6 +273,8 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
     up_to_file = t.file_index;
     up_to_offset = t.file_offset / io::page_size() * io::page_size();
   }
+  // No worker maps a page behind the consumer again once it is unmapped (or dropped).
+  read_ahead_->settle_before(oldest < items ? position_of_item_[oldest] : UINT64_MAX);
   auto drop = [&](size_t file, uint64_t end) {
     uint64_t& begin = dropped_up_to_[file];
     if (end <= begin) return;
