@@ -406,6 +406,14 @@ def _cached_share(path: str, start: int, length: int) -> float:
         os.close(fd)
 
 
+def _evict_or_skip(paths: list[str]) -> None:
+    """Drops `paths` from the page cache, or skips the test where its folder keeps them (tmpfs)."""
+    from instanttensor._demo_bench import evict
+
+    if evict(paths) > 0.5:
+        pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
+
+
 @pytest.mark.parametrize("copy", COPIES)
 def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind(tmp_path,
                                                                                   monkeypatch,
@@ -418,8 +426,7 @@ def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind
     tensors = {f"w{i:02d}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
     path = str(tmp_path / "big.safetensors")
     reference_save(tensors, path)
-    if evict([path]) > 0.5:
-        pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
+    _evict_or_skip([path])
     with open(path, "rb") as file:
         header = json.loads(file.read(_data_start(path))[8:])
     at = {n: (_data_start(path) + header[n]["data_offsets"][0], tensors[n].nbytes) for n in tensors}
@@ -451,8 +458,6 @@ def test_a_checkpoint_larger_than_memory_in_two_files_drops_each_files_pages(tmp
                                                                            monkeypatch):
     # The ranges dropped behind the consumer are per file: the first file's inner pages leave
     # the page cache while the second is read, and the second's pages behind leave it too.
-    from instanttensor._demo_bench import evict
-
     tensors = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(6)}  # 24 MiB
     paths = [str(tmp_path / f"part{p}.safetensors") for p in range(2)]
     reference_save({n: tensors[n] for n in ("w0", "w1", "w2")}, paths[0])
@@ -466,8 +471,7 @@ def test_a_checkpoint_larger_than_memory_in_two_files_drops_each_files_pages(tmp
                 begin, end = entry["data_offsets"]
                 first = (start + begin + page - 1) // page * page
                 inner[name] = (path, first, (start + end) // page * page - first)
-    if evict(paths) > 0.5:
-        pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
+    _evict_or_skip(paths)
 
     monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(16 << 20))
     seen = {}
@@ -491,8 +495,7 @@ def test_a_process_a_launcher_started_beside_others_drops_no_page_cache(tmp_path
     tensors = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
     path = str(tmp_path / "big.safetensors")
     reference_save(tensors, path)
-    if evict([path]) > 0.5:
-        pytest.skip("the page cache of the test's folder cannot be dropped (tmpfs)")
+    _evict_or_skip([path])
     monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(12 << 20))
     for local_size, dropped in (("2", False), ("1", True)):
         monkeypatch.setenv(variable, local_size)
