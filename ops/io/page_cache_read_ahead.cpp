@@ -57,6 +57,8 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
       at = end;
     }
   }
+  // Each worker has one chunk in flight at most: its loop never allocates (no bad_alloc there).
+  in_flight_.reserve(static_cast<size_t>(thread_count_));
   try {
     for (int i = 0; i < thread_count_; ++i) {
       workers_.emplace_back([this] { work(); });

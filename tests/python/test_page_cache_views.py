@@ -406,6 +406,13 @@ def _cached_share(path: str, start: int, length: int) -> float:
         os.close(fd)
 
 
+def _no_launcher_beside(monkeypatch) -> None:
+    """This process alone on its host, as the loader judges it, even when the suite itself runs
+    under torchrun or mpirun."""
+    for variable in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(variable, raising=False)
+
+
 def _evict_or_skip(paths: list[str]) -> None:
     """Drops `paths` from the page cache, or skips the test where its folder keeps them (tmpfs)."""
     from instanttensor._demo_bench import evict
@@ -430,6 +437,7 @@ def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind
     with open(path, "rb") as file:
         header = json.loads(file.read(_data_start(path))[8:])
     at = {n: (_data_start(path) + header[n]["data_offsets"][0], tensors[n].nbytes) for n in tensors}
+    _no_launcher_beside(monkeypatch)
     for memory, dropped in ((12 << 20, True), (24 << 20, False)):
         monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(memory))
         kept = None
@@ -473,6 +481,7 @@ def test_a_checkpoint_larger_than_memory_in_two_files_drops_each_files_pages(tmp
                 inner[name] = (path, first, (start + end) // page * page - first)
     _evict_or_skip(paths)
 
+    _no_launcher_beside(monkeypatch)
     monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(16 << 20))
     seen = {}
     with instanttensor.safe_open(paths) as f:
@@ -496,6 +505,7 @@ def test_a_process_a_launcher_started_beside_others_drops_no_page_cache(tmp_path
     path = str(tmp_path / "big.safetensors")
     reference_save(tensors, path)
     _evict_or_skip([path])
+    _no_launcher_beside(monkeypatch)
     monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(12 << 20))
     for local_size, dropped in (("2", False), ("1", True)):
         monkeypatch.setenv(variable, local_size)
