@@ -296,12 +296,14 @@ void Loader::compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
                                                    plan_.device_budget, *io_, *reads_,
                                                    memory_->factory(), memory_->recycled(), stats_);
   // Ranks of a group that took no handshake may share this host: not alone, as far as known.
-  // Without a group, a launcher's count says whether replicas of this process (torchrun, MPI)
-  // read beside it: one that drops pages could drop what a neighbour has not read yet.
+  // A launcher's count says whether replicas of this process (torchrun, MPI) read beside it,
+  // whatever group this load was given (a group of one, or a subgroup, sees only itself): one
+  // that drops pages could drop what a neighbour has not read yet.
   const auto& group = options_.process_group;
-  const bool alone_on_host = exchange ? exchange->topology().local_ranks == 1
-                             : group  ? group->getSize() <= 1
-                                      : loader::launcher_local_ranks() == 1;
+  const bool group_alone = exchange ? exchange->topology().local_ranks == 1
+                           : group  ? group->getSize() <= 1
+                                    : true;
+  const bool alone_on_host = group_alone && loader::launcher_local_ranks() == 1;
   pass_ = make_pass(std::move(mapping), mode.exchanging() ? exchange->rank() : 0, alone_on_host);
   if (!mode.in_step) {
     walk_ = std::make_unique<loader::AloneWalk>(*pass_);

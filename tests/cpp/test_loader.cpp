@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "helper_files.h"
+#include "helper_thread_group.h"
 
 namespace instanttensor {
 namespace {
@@ -540,6 +541,37 @@ TEST(Files, LoadFileAndSaveFileRoundTrip) {
   EXPECT_THROW(save_file({{"t", base.t()}}, dir.file("y.safetensors")), Error);
   EXPECT_THROW(save_file({{"p", base[0]}, {"q", base}}, dir.file("y.safetensors")), Error);
   EXPECT_NO_THROW(save_file({{"p", base[0]}, {"q", base[1]}}, dir.file("y.safetensors")));
+}
+
+// A group sees only its own ranks: a process alone in the group it was given, which a launcher
+// started beside others (LOCAL_WORLD_SIZE), shares the host's page cache with them, so a
+// checkpoint larger than memory keeps its pages cached (no POSIX_FADV_DONTNEED behind).
+TEST(Loader, AGroupOfOneBesideALaunchersOtherProcessesDropsNoPageCache) {
+  TempDir dir;
+  at::manual_seed(3);
+  std::map<std::string, at::Tensor> tensors;
+  for (int i = 0; i < 3; ++i) tensors["w" + std::to_string(i)] = at::randn({1 << 20});  // 12 MiB
+  const std::string path = dir.file("big.safetensors");
+  save_file(tensors, path);
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    ::unsetenv(name);
+  }
+  ::setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", std::to_string(8 << 20).c_str(), 1);
+  for (const auto& [local_size, dropped] : {std::pair{"2", false}, std::pair{"1", true}}) {
+    ::setenv("LOCAL_WORLD_SIZE", local_size, 1);
+    OpenOptions options;
+    options.process_group = testing::thread_group(1)[0];
+    options.backend = "auto";  // views of the page cache, under every backend variant's name
+    SafeOpen f({path}, options);
+    while (auto item = f.next()) {
+      EXPECT_TRUE(same_bytes(item->second, tensors.at(item->first))) << item->first;
+    }
+    const std::string& backend = f.stats().backend;
+    EXPECT_EQ(backend.find("POSIX_FADV_DONTNEED behind") != std::string::npos, dropped)
+        << local_size << ": " << backend;
+  }
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  ::unsetenv("INSTANTTENSOR_TESTING_MEMORY_BYTES");
 }
 
 }  // namespace
