@@ -41,7 +41,8 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
     : files_(std::move(files)),
       window_(window),
       thread_count_(std::max(policy.workers, 0)),
-      advise_inline_(policy.advise_inline) {
+      advise_inline_(policy.advise_inline),
+      method_(policy.method) {
   const uint64_t page = page_size();
   chunk = std::max(page, chunk / page * page);
   uint64_t position = 0;
@@ -52,7 +53,7 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
     while (at < span.end) {
       uint64_t end = std::min(span.end, (at / chunk + 1) * chunk);
       uint64_t skipped = at < span.begin ? span.begin - at : 0;
-      chunks_.push_back(Chunk{files_->data(span.file) + at, end - at, position});
+      chunks_.push_back(Chunk{files_->data(span.file) + at, end - at, position, skipped});
       position += end - at - skipped;
       at = end;
     }
@@ -102,6 +103,7 @@ void PageCacheReadAhead::restart() {
     floor_ = 0;
     active_ = true;
   }
+  settled_floor_ = 0;
   wake_->notify_all();
   advise_window();
 }
@@ -118,7 +120,8 @@ void PageCacheReadAhead::abandon_after_fork() {
 }
 
 void PageCacheReadAhead::settle_before(uint64_t position) noexcept {
-  if (abandoned_ || thread_count_ == 0) return;
+  if (abandoned_ || thread_count_ == 0 || position <= settled_floor_) return;
+  settled_floor_ = position;
   try {
     std::unique_lock<std::mutex> lock(*mutex_);
     floor_ = std::max(floor_, position);
@@ -142,30 +145,65 @@ std::string PageCacheReadAhead::description() const {
 
 void PageCacheReadAhead::work() {
   while (true) {
-    Chunk chunk{};
+    Chunk rest{};
     {
       std::unique_lock<std::mutex> lock(*mutex_);
       wake_->wait(lock, [&] { return stopping_ || (active_ && next_chunk_within_window()); });
       if (stopping_) return;
-      chunk = chunks_[next_chunk_++];
-      in_flight_.push_back(chunk.position);
+      rest = chunks_[next_chunk_++];
     }
-    populate(chunk);
-    {
-      std::lock_guard<std::mutex> lock(*mutex_);
-      in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), chunk.position));
+    // Slice by slice, each trimmed to the floor as it is taken: the consumer waits for one
+    // slice at most when it unmaps, and a chunk it has partly passed is populated from there.
+    bool populated = false;
+    while (rest.length > 0) {
+      Chunk slice{};
+      {
+        std::lock_guard<std::mutex> lock(*mutex_);
+        if (stopping_) return;
+        if (!clip_to_floor(rest)) break;
+        slice = rest;
+        slice.length = std::min(rest.length, kPopulateSlice);
+        rest.data += slice.length;
+        rest.length -= slice.length;
+        rest.position += slice.length - rest.skipped;
+        rest.skipped = 0;
+        in_flight_.push_back(slice.position);
+      }
+      populated = populate(slice) || populated;
+      {
+        std::lock_guard<std::mutex> lock(*mutex_);
+        in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), slice.position));
+      }
+      populated_->notify_all();
     }
-    populated_->notify_all();
+    if (populated) chunks_populated_ += 1;
   }
+}
+
+bool PageCacheReadAhead::clip_to_floor(Chunk& chunk) const {
+  if (chunk.position >= floor_) return true;
+  const uint64_t bytes = chunk.length - chunk.skipped;  // of the spans, in this chunk
+  if (floor_ - chunk.position >= bytes) return false;
+  // The floor's byte lies in this chunk: start at its page (data is page-aligned).
+  const uint64_t page = page_size();
+  const uint64_t cut = (chunk.skipped + floor_ - chunk.position) / page * page;
+  if (cut == 0) return true;  // the floor's byte is in the chunk's first page
+  chunk.data += cut;
+  chunk.length -= cut;
+  chunk.position += cut - chunk.skipped;
+  chunk.skipped = 0;
+  return true;
 }
 
 bool PageCacheReadAhead::next_chunk_within_window() {
   // Chunks the consumer has passed already are skipped: populating them would map pages behind
   // it again, after the views part unmapped them (a consumer faster than the storage grew
-  // resident memory by the whole file).
-  while (next_chunk_ < chunks_.size() &&
-         (chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_ ||
-          chunks_[next_chunk_].position < floor_)) {
+  // resident memory by the whole file). One the floor cuts is taken, and trimmed by work().
+  while (
+      next_chunk_ < chunks_.size() &&
+      (chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_ ||
+       chunks_[next_chunk_].position + chunks_[next_chunk_].length - chunks_[next_chunk_].skipped <=
+           floor_)) {
     ++next_chunk_;
   }
   const uint64_t ahead_limit = position_ > UINT64_MAX - window_ ? UINT64_MAX : position_ + window_;
@@ -184,26 +222,24 @@ void PageCacheReadAhead::advise_window() {
   }
 }
 
-void PageCacheReadAhead::populate(const Chunk& chunk) {
+bool PageCacheReadAhead::populate(const Chunk& slice) {
   if (method() == PopulateMethod::PopulateRead) {
     int rc;
     do {
-      rc = ::madvise(chunk.data, chunk.length, MADV_POPULATE_READ);
+      rc = ::madvise(slice.data, slice.length, MADV_POPULATE_READ);
     } while (rc != 0 && errno == EINTR);
     if (rc == 0) {
-      chunks_populated_ += 1;
-      bytes_populated_ += chunk.length;
-      return;
+      bytes_populated_ += slice.length;
+      return true;
     }
     // EINVAL: a kernel without it; keep the older advice from now on. Anything else (EFAULT
-    // past a truncated end, EIO, ENOMEM): this chunk is left to the consumer's own faults.
-    if (errno != EINVAL) return;
+    // past a truncated end, EIO, ENOMEM): this slice is left to the consumer's own faults.
+    if (errno != EINVAL) return false;
     method_ = PopulateMethod::WillNeed;
   }
-  if (advise_will_need(chunk.data, chunk.length)) {
-    chunks_populated_ += 1;
-    bytes_populated_ += chunk.length;
-  }
+  if (!advise_will_need(slice.data, slice.length)) return false;
+  bytes_populated_ += slice.length;
+  return true;
 }
 
 }  // namespace instanttensor::io

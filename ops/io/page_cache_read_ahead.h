@@ -37,6 +37,8 @@ struct ReadAheadPolicy {
   // consumer's page faults would fetch them one after another (12 shards of 220 KB: the pass
   // 8.5 -> 5 ms). Advice returns before the reads complete; pages in the cache make it cheap.
   bool advise_inline = false;
+  // How the workers bring pages in. PopulateRead falls back to WillNeed on a kernel without it.
+  PopulateMethod method = PopulateMethod::PopulateRead;
 };
 
 // Workers that populate the pages of `spans` (cut into chunks of about `chunk` bytes) up to
@@ -52,6 +54,10 @@ struct ReadAheadPolicy {
 // had) populates nothing, the consumer faulting pages in, unless `advise_inline` is asked.
 class PageCacheReadAhead {
  public:
+  // Bytes a worker populates between two looks at the consumer's floor (a multiple of any page
+  // size): what settle_before may wait for, and how far a slice may run behind the consumer.
+  static constexpr uint64_t kPopulateSlice = 2ull << 20;
+
   PageCacheReadAhead(std::shared_ptr<const MappedFiles> files, const std::vector<MappedSpan>& spans,
                      uint64_t window, uint64_t chunk, ReadAheadPolicy policy);
   // Stops the workers after the chunk each is populating, and joins them.
@@ -67,12 +73,14 @@ class PageCacheReadAhead {
   // A new pass: population (or advice) starts again from the first chunk (resident pages cost
   // little).
   void restart();
-  // The consumer is about to unmap what lies before `position` (bytes of the spans): chunks that
-  // start before it are never populated once this returns. Those no worker took are skipped;
-  // those being populated are waited for (pages the consumer passed are cached, so a populate
-  // in flight only maps them). Without it, a worker slower than a consumer that faulted its
-  // pages itself maps them again after the unmap: resident again, and cached after a drop.
-  // Consumer's thread; no-op without workers or after a fork.
+  // The consumer is about to unmap what lies before the page of `position` (bytes of the
+  // spans): nothing before that page is populated once this returns. Chunks are populated in
+  // slices of at most kPopulateSlice bytes, each trimmed to that page when taken; a slice being
+  // populated that starts before `position` is waited for (pages the consumer passed are
+  // cached, so that populate only maps them; the wait is one slice at most). Without it, a
+  // worker slower than a consumer that faulted its pages itself maps them again after the
+  // unmap: resident again, and cached after a drop. Consumer's thread; no-op without workers,
+  // after a fork, or when `position` is the last call's (no slice started since is behind it).
   void settle_before(uint64_t position) noexcept;
   // In a forked child: the workers were the parent's; nothing is joined, nothing more populated.
   void abandon_after_fork();
@@ -85,13 +93,18 @@ class PageCacheReadAhead {
 
  private:
   struct Chunk {
-    uint8_t* data;
+    uint8_t* data;  // page-aligned
     uint64_t length;
     uint64_t position;  // of its first byte among the spans
+    uint64_t skipped;   // bytes before that first byte, from `data` (less than a page)
   };
   void work();
-  void populate(const Chunk& chunk);
-  // Under mutex_: skips the chunks the consumer has passed, and those starting before floor_;
+  // Populates (or advises) one slice of a chunk; whether the kernel took it. A worker's.
+  bool populate(const Chunk& slice);
+  // Under mutex_: trims `chunk` to start at the page of floor_'s byte; false when it lies wholly
+  // before floor_ (nothing of it may be populated).
+  bool clip_to_floor(Chunk& chunk) const;
+  // Under mutex_: skips the chunks the consumer has passed, and those wholly before floor_;
   // whether the next chunk starts within the window ahead of the consumer.
   bool next_chunk_within_window();
   // advise_inline: MADV_WILLNEED over the chunks within the window not advised yet. Consumer.
@@ -107,13 +120,14 @@ class PageCacheReadAhead {
   std::unique_ptr<std::mutex> mutex_ = std::make_unique<std::mutex>();
   std::unique_ptr<std::condition_variable> wake_ = std::make_unique<std::condition_variable>();
   std::unique_ptr<std::condition_variable> populated_ = std::make_unique<std::condition_variable>();
-  std::vector<uint64_t> in_flight_;  // guarded by mutex_: positions of chunks being populated
-  uint64_t floor_ = 0;               // guarded by mutex_: no chunk starting before it is taken
+  std::vector<uint64_t> in_flight_;  // guarded by mutex_: positions of slices being populated
+  uint64_t floor_ = 0;               // guarded by mutex_: nothing before its page is populated
+  uint64_t settled_floor_ = 0;       // the consumer's: the last settle_before's position
   size_t next_chunk_ = 0;            // guarded by mutex_
   uint64_t position_ = 0;            // guarded by mutex_
   bool stopping_ = false;            // guarded by mutex_
   bool active_ = false;  // guarded by mutex_: a pass began (nothing is populated before)
-  std::atomic<PopulateMethod> method_{PopulateMethod::PopulateRead};
+  std::atomic<PopulateMethod> method_;
   std::atomic<uint64_t> chunks_populated_{0};
   std::atomic<uint64_t> bytes_populated_{0};
   std::vector<std::thread> workers_;

@@ -193,6 +193,18 @@ TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
     EXPECT_TRUE(eventually([&] { return ahead.chunks_populated() == settled + 4; }));
   }
   {
+    // A chunk the floor cuts is populated from the floor's page on, not skipped whole: the
+    // consumer's next tensor starts inside it.
+    io::PageCacheReadAhead ahead(files, {{0, 0, 8 * mib}}, 8 * mib, 4 * mib,
+                                 io::ReadAheadPolicy{1});
+    ahead.settle_before(5 * mib + 100);
+    ahead.advance(5 * mib);  // the chunk at 0 is passed; the one at 4 MiB is cut at 5 MiB
+    ASSERT_TRUE(eventually([&] { return ahead.chunks_populated() == 1; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(ahead.bytes_populated(), 3 * mib);  // 5 to 8 MiB, in two slices
+    EXPECT_EQ(ahead.chunks_populated(), 1u);
+  }
+  {
     io::PageCacheReadAhead none(files, {{0, 0, 8 * mib}}, 8 * mib, mib, io::ReadAheadPolicy{});
     none.advance(mib);
     EXPECT_EQ(none.chunks_populated(), 0u);

@@ -462,6 +462,29 @@ def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind
         evict([path])
 
 
+def test_a_checkpoint_read_once_is_advised_ahead_and_one_kept_cached_is_populated(tmp_path,
+                                                                                 monkeypatch):
+    # Read once (above half of memory), the workers advise the window's reads (MADV_WILLNEED)
+    # and the consumer's faults map the pages; kept cached for the next load, they populate
+    # (MADV_POPULATE_READ, where the kernel has it). The bytes are right either way.
+    from instanttensor._demo_bench import evict
+
+    tensors = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
+    path = str(tmp_path / "model.safetensors")
+    reference_save(tensors, path)
+    _no_launcher_beside(monkeypatch)
+    populate = tuple(map(int, os.uname().release.split(".")[:2])) >= (5, 14)
+    for memory, method in ((24 << 20, "MADV_WILLNEED, "),
+                           (64 << 20, "MADV_POPULATE_READ, " if populate else "MADV_WILLNEED, ")):
+        _evict_or_skip([path])
+        monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(memory))
+        with instanttensor.safe_open(path) as f:
+            assert all(same_bytes(t, tensors[n]) for n, t in f.tensors())
+            backend = f.stats()["backend"]
+        assert method in backend and ("read once" in backend) == (memory < 32 << 20), backend
+    evict([path])
+
+
 def test_a_checkpoint_larger_than_memory_in_two_files_drops_each_files_pages(tmp_path,
                                                                            monkeypatch):
     # The ranges dropped behind the consumer are per file: the first file's inner pages leave
