@@ -47,6 +47,7 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
   chunk = std::max(page, chunk / page * page);
   uint64_t position = 0;
   for (const auto& span : spans) {
+    if (span.begin >= span.end) continue;  // no byte: no chunk (its page may be another's)
     // madvise takes page-aligned starts: widen each span down to its page, cut at page
     // multiples of the chunk so neighbouring chunks do not populate the same page twice.
     uint64_t at = span.begin / page * page;
@@ -58,7 +59,7 @@ PageCacheReadAhead::PageCacheReadAhead(std::shared_ptr<const MappedFiles> files,
       at = end;
     }
   }
-  // Each worker has one chunk in flight at most: its loop never allocates (no bad_alloc there).
+  // Each worker has one slice in flight at most: its loop never allocates (no bad_alloc there).
   in_flight_.reserve(static_cast<size_t>(thread_count_));
   try {
     for (int i = 0; i < thread_count_; ++i) {
@@ -121,14 +122,14 @@ void PageCacheReadAhead::abandon_after_fork() {
 
 void PageCacheReadAhead::settle_before(uint64_t position) noexcept {
   if (abandoned_ || thread_count_ == 0 || position <= settled_floor_) return;
-  settled_floor_ = position;
   try {
     std::unique_lock<std::mutex> lock(*mutex_);
     floor_ = std::max(floor_, position);
     populated_->wait(lock, [&] {
       return std::none_of(in_flight_.begin(), in_flight_.end(),
-                          [&](uint64_t chunk) { return chunk < position; });
+                          [&](uint64_t slice) { return slice < position; });
     });
+    settled_floor_ = position;
   } catch (...) {
     // std::system_error from the mutex: the workers' mapping is advice, and so is this wait.
   }
@@ -154,13 +155,18 @@ void PageCacheReadAhead::work() {
     }
     // Slice by slice, each trimmed to the floor as it is taken: the consumer waits for one
     // slice at most when it unmaps, and a chunk it has partly passed is populated from there.
+    // A chunk is counted under the mutex, with its last slice's end: once settle_before has
+    // seen no slice before the floor in flight, the counts no longer move for those chunks.
     bool populated = false;
     while (rest.length > 0) {
       Chunk slice{};
       {
         std::lock_guard<std::mutex> lock(*mutex_);
         if (stopping_) return;
-        if (!clip_to_floor(rest)) break;
+        if (!clip_to_floor(rest)) {
+          if (populated) chunks_populated_ += 1;
+          break;
+        }
         slice = rest;
         slice.length = std::min(rest.length, kPopulateSlice);
         rest.data += slice.length;
@@ -173,10 +179,10 @@ void PageCacheReadAhead::work() {
       {
         std::lock_guard<std::mutex> lock(*mutex_);
         in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), slice.position));
+        if (rest.length == 0 && populated) chunks_populated_ += 1;
       }
       populated_->notify_all();
     }
-    if (populated) chunks_populated_ += 1;
   }
 }
 

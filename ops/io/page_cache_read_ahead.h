@@ -22,7 +22,8 @@ struct MappedSpan {
   uint64_t end = 0;
 };
 
-// How the workers bring pages in, fastest first; the first one the kernel accepts is kept.
+// How the workers bring pages in (ReadAheadPolicy::method). PopulateRead, refused by the kernel
+// (EINVAL), turns into WillNeed for the rest of the read-ahead's life.
 enum class PopulateMethod {
   PopulateRead,  // madvise(MADV_POPULATE_READ), Linux 5.14+: reads and maps, no fault later
   WillNeed,      // madvise(MADV_WILLNEED): starts the read into the page cache; the consumer's
@@ -44,7 +45,7 @@ struct ReadAheadPolicy {
 // Workers that populate the pages of `spans` (cut into chunks of about `chunk` bytes) up to
 // `window` bytes past the consumer's position, in order, several chunks at once, so the storage
 // works while the consumer copies and the consumer takes no page fault that waits on it.
-// Population is advice: a chunk that fails (a file truncated since it was mapped answers
+// Population is advice: a slice that fails (a file truncated since it was mapped answers
 // EFAULT) is skipped, never raised; the consumer meets the file as it is. Workers never touch
 // mapped bytes themselves (a truncated file cannot raise SIGBUS on them).
 //
@@ -60,7 +61,7 @@ class PageCacheReadAhead {
 
   PageCacheReadAhead(std::shared_ptr<const MappedFiles> files, const std::vector<MappedSpan>& spans,
                      uint64_t window, uint64_t chunk, ReadAheadPolicy policy);
-  // Stops the workers after the chunk each is populating, and joins them.
+  // Stops the workers after the slice each is populating, and joins them.
   ~PageCacheReadAhead();
   PageCacheReadAhead(const PageCacheReadAhead&) = delete;
   PageCacheReadAhead& operator=(const PageCacheReadAhead&) = delete;
@@ -80,7 +81,8 @@ class PageCacheReadAhead {
   // cached, so that populate only maps them; the wait is one slice at most). Without it, a
   // worker slower than a consumer that faulted its pages itself maps them again after the
   // unmap: resident again, and cached after a drop. Consumer's thread; no-op without workers,
-  // after a fork, or when `position` is the last call's (no slice started since is behind it).
+  // after a fork, or when `position` is not above the last call's (no slice started since is
+  // behind it).
   void settle_before(uint64_t position) noexcept;
   // In a forked child: the workers were the parent's; nothing is joined, nothing more populated.
   void abandon_after_fork();

@@ -4,6 +4,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <optional>
+#include <utility>
+#include <vector>
+
 #include "helper_files.h"
 #include "helper_thread_group.h"
 
@@ -553,9 +557,23 @@ TEST(Loader, AGroupOfOneBesideALaunchersOtherProcessesDropsNoPageCache) {
   for (int i = 0; i < 3; ++i) tensors["w" + std::to_string(i)] = at::randn({1 << 20});  // 12 MiB
   const std::string path = dir.file("big.safetensors");
   save_file(tensors, path);
-  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-    ::unsetenv(name);
-  }
+  // The launcher variables and the memory limit as they were, whatever the test's outcome.
+  struct Environment {
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+    Environment() {
+      for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                               "INSTANTTENSOR_TESTING_MEMORY_BYTES"}) {
+        const char* value = std::getenv(name);
+        saved.emplace_back(name, value ? std::optional<std::string>(value) : std::nullopt);
+        ::unsetenv(name);
+      }
+    }
+    ~Environment() {
+      for (const auto& [name, value] : saved) {
+        value ? ::setenv(name.c_str(), value->c_str(), 1) : ::unsetenv(name.c_str());
+      }
+    }
+  } environment;
   ::setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", std::to_string(8 << 20).c_str(), 1);
   for (const auto& [local_size, dropped] : {std::pair{"2", false}, std::pair{"1", true}}) {
     ::setenv("LOCAL_WORLD_SIZE", local_size, 1);
@@ -570,8 +588,6 @@ TEST(Loader, AGroupOfOneBesideALaunchersOtherProcessesDropsNoPageCache) {
     EXPECT_EQ(backend.find("POSIX_FADV_DONTNEED behind") != std::string::npos, dropped)
         << local_size << ": " << backend;
   }
-  ::unsetenv("LOCAL_WORLD_SIZE");
-  ::unsetenv("INSTANTTENSOR_TESTING_MEMORY_BYTES");
 }
 
 }  // namespace

@@ -205,6 +205,16 @@ TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
     EXPECT_EQ(ahead.chunks_populated(), 1u);
   }
   {
+    // The same cut in a chunk whose span starts mid-page: position 2 MiB - 100 is the byte at
+    // 2 MiB, so the first chunk is populated from 2 MiB, the second whole.
+    io::PageCacheReadAhead ahead(files, {{0, 100, 8 * mib}}, 8 * mib, 4 * mib,
+                                 io::ReadAheadPolicy{1});
+    ahead.settle_before(2 * mib);  // the byte at 2 MiB + 100
+    ahead.advance(2 * mib);
+    ASSERT_TRUE(eventually([&] { return ahead.chunks_populated() == 2; }));
+    EXPECT_EQ(ahead.bytes_populated(), 6 * mib);
+  }
+  {
     io::PageCacheReadAhead none(files, {{0, 0, 8 * mib}}, 8 * mib, mib, io::ReadAheadPolicy{});
     none.advance(mib);
     EXPECT_EQ(none.chunks_populated(), 0u);

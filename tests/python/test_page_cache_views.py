@@ -9,6 +9,7 @@ import gc
 import json
 import mmap
 import os
+import re
 import threading
 import time
 
@@ -473,7 +474,8 @@ def test_a_checkpoint_read_once_is_advised_ahead_and_one_kept_cached_is_populate
     path = str(tmp_path / "model.safetensors")
     reference_save(tensors, path)
     _no_launcher_beside(monkeypatch)
-    populate = tuple(map(int, os.uname().release.split(".")[:2])) >= (5, 14)
+    release = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    populate = bool(release) and tuple(map(int, release.groups())) >= (5, 14)
     for memory, method in ((24 << 20, "MADV_WILLNEED, "),
                            (64 << 20, "MADV_POPULATE_READ, " if populate else "MADV_WILLNEED, ")):
         _evict_or_skip([path])
