@@ -280,13 +280,14 @@ std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::Mapped
     if (bytes > kInlineReadBytes && bytes > memory / 2) {
       cache_use = bytes > memory && alone_on_host ? loader::CacheUse::ReadOnceAndDrop
                                                   : loader::CacheUse::ReadOnce;
-      // Read once, the workers advise instead of populating: advice returns once the reads are
-      // queued, so the whole window's reads stay queued where a populate waits for its own, and
-      // the consumer's faults on cached pages map 16 at a time. 30 GB cold: 1.72 GB/s against
-      // 1.37 (medians of 5, interleaved), 15 GB: 1.93 against 1.59 (benchmarks/README.md);
-      // smaller, cached for the next load, populating was as fast or faster (1 GB: 0.41 s
-      // against 0.45 s, three ranks 0.46 against 0.53).
-      read_ahead.method = io::PopulateMethod::WillNeed;
+      // Read once (its mapping in 2 MiB folios: PageCacheViews::advise_read_once), a checkpoint
+      // kept cached behind the consumer has its window advised rather than populated: advice
+      // returns once the reads are queued, so the whole window's reads stay queued (15 GB cold:
+      // 2.27-2.35 GB/s against 1.93-1.99 populated). One dropped behind it populates (30 GB:
+      // 2.65-2.67 against 1.69 advised; benchmarks/README.md). Smaller ones populate too.
+      if (cache_use == loader::CacheUse::ReadOnce) {
+        read_ahead.method = io::PopulateMethod::WillNeed;
+      }
     }
     return std::make_unique<loader::ViewPass>(plan_, std::move(mapping), memory_->factory(), stats_,
                                               plan_.memory.buffer_size, read_ahead, cache_use);

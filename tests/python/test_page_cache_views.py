@@ -447,10 +447,11 @@ def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind
                 assert same_bytes(tensor, tensors[name]), name  # every page read
                 kept = tensor if kept is None else kept  # w00, kept past its step
                 if name == "w03":  # w01 is behind the consumer: unmapped
-                    # Its pages shared with no neighbour (the last one is w02's first, held).
+                    # Its pages sharing no 2 MiB folio with a neighbour (a read-once mapping's
+                    # folios are 2 MiB: one holding a page of w00, kept, or of w02, held, stays).
                     begin, length = at["w01"]
-                    page = mmap.PAGESIZE
-                    inner = (begin + page - 1) // page * page, (begin + length) // page * page
+                    unit = 2 << 20
+                    inner = (begin + unit - 1) // unit * unit, (begin + length) // unit * unit
                     share = _cached_share(path, inner[0], inner[1] - inner[0])
                     assert share == (0.0 if dropped else 1.0), share
                     assert _cached_share(path, *at["w02"]) == 1.0  # the loop still binds it

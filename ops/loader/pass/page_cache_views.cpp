@@ -36,6 +36,9 @@ constexpr uint64_t kOwnedTailBytes = 1ull << 20;
 // at each group of weights (itertools.groupby reads ahead): in a tiny model of 12 shards, four
 // leases of 128-256 KiB views crossed 64 descriptors, a 14 ms step of a 20-30 ms load.
 constexpr uint64_t kLeasedViewMinBytes = 1ull << 20;
+// The largest page-cache folio a read-once mapping gets (a PMD's 2 MiB on x86-64 and arm64 with
+// 4 KiB pages): what the ranges dropped behind the consumer are whole multiples of.
+constexpr uint64_t kDropUnitBytes = 2ull << 20;
 
 uint64_t leased_view_min_bytes() {
 #ifdef INSTANTTENSOR_TESTING_HOOKS
@@ -271,7 +274,12 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
   if (oldest < items) {
     const auto& t = plan_.tensor_of_item(oldest);
     up_to_file = t.file_index;
-    up_to_offset = t.file_offset / io::page_size() * io::page_size();
+    // Dropped, a range ends at a 2 MiB multiple (the file's end excepted): POSIX_FADV_DONTNEED
+    // drops only the folios wholly inside it, and a read-once mapping's folios are 2 MiB
+    // (advise_read_once): one cut at the end would stay cached, and no later range covers it.
+    const uint64_t unit =
+        cache_use_ == CacheUse::ReadOnceAndDrop ? kDropUnitBytes : io::page_size();
+    up_to_offset = t.file_offset / unit * unit;
   }
   // No worker maps a page behind the consumer again once it is unmapped (or dropped).
   read_ahead_->settle_before(oldest < items ? position_of_item_[oldest] : UINT64_MAX);
