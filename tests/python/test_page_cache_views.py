@@ -466,9 +466,10 @@ def test_a_checkpoint_larger_than_memory_read_alone_leaves_the_page_cache_behind
 
 def test_a_checkpoint_read_once_is_advised_ahead_and_one_kept_cached_is_populated(tmp_path,
                                                                                  monkeypatch):
-    # Read once (above half of memory), the workers advise the window's reads (MADV_WILLNEED)
-    # and the consumer's faults map the pages; kept cached for the next load, they populate
-    # (MADV_POPULATE_READ, where the kernel has it). The bytes are right either way.
+    # Read once (above half of memory) and kept cached, the mapping takes 2 MiB folios and the
+    # workers advise the window's reads (MADV_WILLNEED), the consumer's faults mapping the pages;
+    # below half of memory, 4 KiB pages populated (MADV_POPULATE_READ, where the kernel has it).
+    # The bytes are right either way.
     from instanttensor._demo_bench import evict
 
     tensors = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
@@ -484,7 +485,8 @@ def test_a_checkpoint_read_once_is_advised_ahead_and_one_kept_cached_is_populate
         with instanttensor.safe_open(path) as f:
             assert all(same_bytes(t, tensors[n]) for n, t in f.tensors())
             backend = f.stats()["backend"]
-        assert method in backend and ("read once" in backend) == (memory < 32 << 20), backend
+        read_once = "read once: MADV_SEQUENTIAL, MADV_HUGEPAGE" in backend  # 2 MiB folios
+        assert method in backend and read_once == (memory < 32 << 20), backend
     evict([path])
 
 

@@ -180,10 +180,10 @@ void PageCacheViews::abandon_after_fork() {
 
 std::string PageCacheViews::description() const {
   return "views of the page cache (" + read_ahead_->description() +
-         (cache_use_ == CacheUse::ReadOnce          ? "; read once: MADV_SEQUENTIAL)"
-          : cache_use_ == CacheUse::ReadOnceAndDrop ? "; read once: MADV_SEQUENTIAL, "
-                                                      "POSIX_FADV_DONTNEED behind)"
-                                                    : ")");
+         (cache_use_ == CacheUse::ReadOnce ? "; read once: MADV_SEQUENTIAL, MADV_HUGEPAGE)"
+          : cache_use_ == CacheUse::ReadOnceAndDrop
+              ? "; read once: MADV_SEQUENTIAL, MADV_HUGEPAGE, POSIX_FADV_DONTNEED behind)"
+              : ")");
 }
 
 std::optional<Error> PageCacheViews::release_held(bool keep_last) noexcept {
