@@ -522,6 +522,33 @@ def test_a_checkpoint_larger_than_memory_in_two_files_drops_each_files_pages(tmp
     assert seen == {"w0": 0.0, "w1": 0.0, "w3": 0.0}, seen
 
 
+def test_tensors_cut_across_large_folios_leave_no_page_cached_behind(tmp_path, monkeypatch):
+    # A read-once mapping's folios are 2 MiB: tensors of 3 MiB + 4 KiB end inside them. Each
+    # range dropped behind the consumer ends at a folio's edge, so the next one covers the folio
+    # a tensor boundary cut, and nothing before the last tensor's folio stays cached once the
+    # pass has ended (a range ending mid-folio left that folio cached for good:
+    # POSIX_FADV_DONTNEED drops whole folios only). The last tensor, which the loop still binds
+    # when the pass ends, is kept: its folios stay.
+    elements = (3 << 20) // 4 + 1024
+    tensors = {f"w{i}": torch.full((elements,), float(i)) for i in range(5)}  # 15 MiB + 20 KiB
+    path = str(tmp_path / "cut.safetensors")
+    reference_save(tensors, path)
+    with open(path, "rb") as file:  # read before the eviction: reading caches the first pages
+        header = json.loads(file.read(_data_start(path))[8:])
+    start = (_data_start(path) + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+    last = (_data_start(path) + header["w4"]["data_offsets"][0]) // (2 << 20) * (2 << 20)
+    _evict_or_skip([path])
+    _no_launcher_beside(monkeypatch)
+    monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(12 << 20))
+    with instanttensor.safe_open(path) as f:
+        for name, tensor in f.tensors():
+            assert same_bytes(tensor, tensors[name]), name
+        backend = f.stats()["backend"]
+        share = _cached_share(path, start, last - start)  # the first page to 12 MiB
+    assert "POSIX_FADV_DONTNEED behind" in backend, backend
+    assert share == 0.0, share
+
+
 @pytest.mark.parametrize("variable", ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"])
 def test_a_process_a_launcher_started_beside_others_drops_no_page_cache(tmp_path, monkeypatch,
                                                                          variable):

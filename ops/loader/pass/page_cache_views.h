@@ -64,13 +64,15 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // so the two never share bytes.
 //
 // With CacheUse::ReadOnce (a checkpoint that cannot stay in the page cache beside the weights
-// loaded from it), each pass advises the files' mappings MADV_SEQUENTIAL, so the pages unmapped
-// behind the consumer are not promoted to the kernel's active list and leave before the rest of
-// the page cache. The pages of a leased view are advised MADV_NORMAL again when it is kept (it
-// is the consumer's weight now: its references count), at each pass's start too, since a lease
-// broken by a writer maps its range afresh (30 GB on 23.5 GiB: 7 million pages promoted per
-// load and a 3 GB file read just before evicted whole; read once, 15 thousand and the file kept
-// cached, as under safetensors; benchmarks/README.md). With CacheUse::ReadOnceAndDrop the ranges
+// loaded from it), each pass advises the files' mappings MADV_HUGEPAGE (2 MiB folios: a fraction
+// of the per-page work) and MADV_SEQUENTIAL, so the pages unmapped behind the consumer are not
+// promoted to the kernel's active list and leave before the rest of the page cache (in whole
+// folios: the ranges end at a folio unit). The pages of a leased view are advised MADV_NORMAL
+// again when it is kept (it is the consumer's weight now: its references count), at each pass's
+// start too, since a lease broken by a writer maps its range afresh (30 GB on 23.5 GiB: 7
+// million pages promoted per load and a 3 GB file read just before evicted whole; read once, 15
+// thousand and the file kept cached, as under safetensors; benchmarks/README.md). With
+// CacheUse::ReadOnceAndDrop the ranges
 // unmapped behind the consumer are dropped from the page cache too (pages still mapped, a leased
 // view's, stay: the kernel never drops a mapped page).
 //
@@ -138,7 +140,8 @@ class PageCacheViews {
   // madvise(MADV_DONTNEED) over [begin, end) of `file`'s mapping, leased views' pages excepted;
   // with `drop_cache`, those pages dropped from the page cache too (posix_fadvise).
   void unmap_unleased(size_t file, uint64_t begin, uint64_t end, bool drop_cache = false) noexcept;
-  // Not CacheUse::Keep: every file's mapping MADV_SEQUENTIAL, leased views' pages MADV_NORMAL.
+  // Not CacheUse::Keep: every file's mapping MADV_SEQUENTIAL and MADV_HUGEPAGE (2 MiB folios),
+  // leased views' pages MADV_NORMAL (the default recency; their folios stay large).
   void advise_read_once() noexcept;
   // Not CacheUse::Keep: the pages of the `length` bytes at `data` (a leased view's) MADV_NORMAL.
   void advise_kept(const uint8_t* data, uint64_t length) noexcept;

@@ -118,12 +118,13 @@ void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end,
 
 void PageCacheViews::advise_read_once() noexcept {
   if (cache_use_ == CacheUse::Keep) return;
-  // Advice: a kernel that refuses it leaves the default recency; nothing else changes.
+  // Advice: a kernel that refuses it (EINVAL, ignored) leaves the default recency.
   // MADV_HUGEPAGE as well: the pages a populate or a fault reads come in 2 MiB folios
-  // (filesystems with large folios: ext4 on 6.x, xfs), a fraction of the per-page work of
-  // allocating, inserting, mapping and dropping them. 30 GB cold, populated: 2.65-2.67 GB/s
-  // against 1.63-1.73 (benchmarks/README.md). Not for checkpoints kept cached: the 0.94 GB one
-  // cold read slower with it (0.57 s against 0.45 s).
+  // (filesystems with large folios: ext4 on 6.x, xfs; elsewhere faults read ahead 4 MiB of
+  // 4 KiB pages), a fraction of the per-page work of allocating, inserting, mapping and dropping
+  // them. 30 GB cold, populated: 2.65-2.67 GB/s against 1.63-1.73 (benchmarks/README.md). Not
+  // below half of memory (CacheUse::Keep): the 0.94 GB checkpoint cold read slower with it
+  // (0.57 s against 0.45 s). Leased views keep it: MADV_NORMAL resets only the recency.
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
     uint8_t* start = mapping_->data(file);
     ::madvise(start, mapping_->size(file), MADV_SEQUENTIAL);
