@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <vector>
 
 #include "format/checkpoint_file.h"
@@ -95,6 +96,19 @@ int64_t cached_pages(int fd, uint64_t offset, uint64_t length, uint64_t page, bo
 uint64_t page_size() {
   static const uint64_t size = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   return size;
+}
+
+uint64_t largest_folio_bytes() {
+  static const uint64_t unit = [] {
+    unsigned long long bytes = 0;
+    if (FILE* file = std::fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r")) {
+      if (std::fscanf(file, "%llu", &bytes) != 1) bytes = 0;
+      std::fclose(file);
+    }
+    const uint64_t page = page_size();
+    return bytes >= page && bytes % page == 0 ? static_cast<uint64_t>(bytes) : page;
+  }();
+  return unit;
 }
 
 double resident_fraction(int fd, uint64_t size, bool allow_cachestat) {

@@ -27,6 +27,11 @@ int open_direct(const std::string& path, DirectIoAlignment* alignment, struct st
 // Any thread.
 uint64_t page_size();
 
+// The largest page-cache folio a mapping advised MADV_HUGEPAGE gets: a PMD's size (2 MiB on
+// x86-64, 32 MiB on arm64 with 16 KiB pages), as the kernel states it; the page size where it
+// states none (no THP). Read once. Any thread.
+uint64_t largest_folio_bytes();
+
 // Fraction (0..1) of the file's pages resident in the page cache: exact up to 16 MiB, above
 // that estimated from 64 windows of 256 KiB spread over the file (a few hundred microseconds
 // whatever the size). Counts with cachestat(2), or mincore over a mapping that is never touched

@@ -188,8 +188,7 @@ void PageCacheReadAhead::work() {
 
 bool PageCacheReadAhead::clip_to_floor(Chunk& chunk) const {
   if (chunk.position >= floor_) return true;
-  const uint64_t bytes = chunk.length - chunk.skipped;  // of the spans, in this chunk
-  if (floor_ - chunk.position >= bytes) return false;
+  if (chunk.end_position() <= floor_) return false;
   // The floor's byte lies in this chunk: start at its page (data is page-aligned).
   const uint64_t page = page_size();
   const uint64_t cut = (chunk.skipped + floor_ - chunk.position) / page * page;
@@ -205,11 +204,9 @@ bool PageCacheReadAhead::next_chunk_within_window() {
   // Chunks the consumer has passed already are skipped: populating them would map pages behind
   // it again, after the views part unmapped them (a consumer faster than the storage grew
   // resident memory by the whole file). One the floor cuts is taken, and trimmed by work().
-  while (
-      next_chunk_ < chunks_.size() &&
-      (chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_ ||
-       chunks_[next_chunk_].position + chunks_[next_chunk_].length - chunks_[next_chunk_].skipped <=
-           floor_)) {
+  while (next_chunk_ < chunks_.size() &&
+         (chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_ ||
+          chunks_[next_chunk_].end_position() <= floor_)) {
     ++next_chunk_;
   }
   const uint64_t ahead_limit = position_ > UINT64_MAX - window_ ? UINT64_MAX : position_ + window_;

@@ -99,6 +99,8 @@ class PageCacheReadAhead {
     uint64_t length;
     uint64_t position;  // of its first byte among the spans
     uint64_t skipped;   // bytes before that first byte, from `data` (less than a page)
+    // The position just past its last byte.
+    uint64_t end_position() const { return position + length - skipped; }
   };
   void work();
   // Populates (or advises) one slice of a chunk; whether the kernel took it. A worker's.

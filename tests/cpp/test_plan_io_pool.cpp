@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -135,6 +136,17 @@ TEST(MemoryLimit, ACgroupsLimitFileIsACountOrNone) {
   EXPECT_EQ(io::parse_cgroup_memory_max("12 KiB\n"), UINT64_MAX);
   // v1 states "no limit" as a huge count, which the machine's memory then caps.
   EXPECT_EQ(io::parse_cgroup_memory_max("9223372036854771712\n"), 9223372036854771712ull);
+}
+
+TEST(LargestFolio, IsAWholeNumberOfPagesAndWhatTheKernelStates) {
+  const uint64_t unit = io::largest_folio_bytes();
+  EXPECT_GE(unit, io::page_size());
+  EXPECT_EQ(unit % io::page_size(), 0u);
+  std::ifstream stated("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+  uint64_t bytes = 0;
+  if (stated >> bytes) {
+    EXPECT_EQ(unit, bytes);  // a kernel with THP states it
+  }
 }
 
 TEST(MemoryLimit, IsAtMostThePhysicalMemory) {

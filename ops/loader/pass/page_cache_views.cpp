@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -37,22 +36,6 @@ constexpr uint64_t kOwnedTailBytes = 1ull << 20;
 // at each group of weights (itertools.groupby reads ahead): in a tiny model of 12 shards, four
 // leases of 128-256 KiB views crossed 64 descriptors, a 14 ms step of a 20-30 ms load.
 constexpr uint64_t kLeasedViewMinBytes = 1ull << 20;
-// The largest page-cache folio a read-once mapping gets: a PMD's size (2 MiB on x86-64, 32 MiB on
-// arm64 with 16 KiB pages), the kernel's word for it; the page size where it has none (no THP).
-// What the ranges unmapped and dropped behind the consumer are whole multiples of. Any thread.
-uint64_t folio_unit_bytes() {
-  static const uint64_t unit = [] {
-    uint64_t bytes = 0;
-    if (FILE* file = std::fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r")) {
-      unsigned long long value = 0;
-      if (std::fscanf(file, "%llu", &value) == 1) bytes = value;
-      std::fclose(file);
-    }
-    const uint64_t page = io::page_size();
-    return bytes >= page && bytes % page == 0 ? bytes : page;
-  }();
-  return unit;
-}
 
 uint64_t leased_view_min_bytes() {
 #ifdef INSTANTTENSOR_TESTING_HOOKS
@@ -288,11 +271,12 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
   if (oldest < items) {
     const auto& t = plan_.tensor_of_item(oldest);
     up_to_file = t.file_index;
-    // Read once, a range ends at a folio unit's multiple (the file's end excepted): the
+    // Read once, a range ends at a multiple of the largest folio (the file's end excepted): the
     // mapping's folios are that large (advise_read_once). POSIX_FADV_DONTNEED drops only the
     // folios wholly inside its range, so one cut at the end would stay cached for good, and
     // unmapping part of a folio mapped whole unmaps all of it, the held view's pages too.
-    const uint64_t unit = cache_use_ == CacheUse::Keep ? io::page_size() : folio_unit_bytes();
+    const uint64_t unit =
+        cache_use_ == CacheUse::Keep ? io::page_size() : io::largest_folio_bytes();
     up_to_offset = t.file_offset / unit * unit;
   }
   // No worker maps a page behind the consumer again once it is unmapped (or dropped).
