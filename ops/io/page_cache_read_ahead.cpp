@@ -155,8 +155,9 @@ void PageCacheReadAhead::work() {
     }
     // Slice by slice, each trimmed to the floor as it is taken: the consumer waits for one
     // slice at most when it unmaps, and a chunk it has partly passed is populated from there.
-    // A chunk is counted under the mutex, with its last slice's end: once settle_before has
-    // seen no slice before the floor in flight, the counts no longer move for those chunks.
+    // A chunk is counted under the mutex, with its last slice's end, or when the floor cuts off
+    // the rest of one partly populated: so a chunk cut by a floor may be counted after the
+    // settle_before that moved the floor returns (a statistic; no page is mapped then).
     bool populated = false;
     while (rest.length > 0) {
       Chunk slice{};
@@ -205,8 +206,7 @@ bool PageCacheReadAhead::next_chunk_within_window() {
   // it again, after the views part unmapped them (a consumer faster than the storage grew
   // resident memory by the whole file). One the floor cuts is taken, and trimmed by work().
   while (next_chunk_ < chunks_.size() &&
-         (chunks_[next_chunk_].position + chunks_[next_chunk_].length <= position_ ||
-          chunks_[next_chunk_].end_position() <= floor_)) {
+         chunks_[next_chunk_].end_position() <= std::max(position_, floor_)) {
     ++next_chunk_;
   }
   const uint64_t ahead_limit = position_ > UINT64_MAX - window_ ? UINT64_MAX : position_ + window_;

@@ -218,11 +218,12 @@ TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
   }
   {
     // The same cut in a chunk whose span starts mid-page: position 2 MiB - 100 is the byte at
-    // 2 MiB, so the first chunk is populated from 2 MiB, the second whole.
+    // 2 MiB, so the first chunk is populated from 2 MiB, the second whole (a cut that forgot
+    // the 100 bytes before the span would start a page early: 6 MiB + 4 KiB).
     io::PageCacheReadAhead ahead(files, {{0, 100, 8 * mib}}, 8 * mib, 4 * mib,
                                  io::ReadAheadPolicy{1});
-    ahead.settle_before(2 * mib);  // the byte at 2 MiB + 100
-    ahead.advance(2 * mib);
+    ahead.settle_before(2 * mib - 100);
+    ahead.advance(2 * mib - 100);
     ASSERT_TRUE(eventually([&] { return ahead.chunks_populated() == 2; }));
     EXPECT_EQ(ahead.bytes_populated(), 6 * mib);
   }

@@ -34,12 +34,12 @@ struct HostTopology {
 };
 HostTopology host_topology(const std::vector<uint64_t>& identities, int rank);
 
-// How many processes a launcher says it started on this host, this one included, for a process
-// that was given no process group: torchrun's and accelerate's LOCAL_WORLD_SIZE, Open MPI's
-// OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS (the largest stated). 1 where none says,
-// or where a value is not a positive count: only a launcher's word makes a process not alone,
-// and a process that is not alone keeps the page cache its neighbours may still read. Any
-// thread; reads the environment.
+// How many processes a launcher says it started on this host, this one included, whatever group
+// the process was given (a group of one or a subgroup sees only itself): torchrun's and
+// accelerate's LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS
+// (the largest stated). 1 where none says, or where a value is not a positive count: only a
+// launcher's word makes a process not alone, and a process that is not alone keeps the page
+// cache its neighbours may still read. Any thread; reads the environment.
 int launcher_local_ranks();
 
 // One such variable's value: the count, or 1 for nullptr, text that is not a whole positive
