@@ -170,10 +170,7 @@ void PageCacheReadAhead::work() {
         }
         slice = rest;
         slice.length = std::min(rest.length, kPopulateSlice);
-        rest.data += slice.length;
-        rest.length -= slice.length;
-        rest.position += slice.length - rest.skipped;
-        rest.skipped = 0;
+        rest.drop_front(slice.length);
         in_flight_.push_back(slice.position);
       }
       populated = populate(slice) || populated;
@@ -193,11 +190,7 @@ bool PageCacheReadAhead::clip_to_floor(Chunk& chunk) const {
   // The floor's byte lies in this chunk: start at its page (data is page-aligned).
   const uint64_t page = page_size();
   const uint64_t cut = (chunk.skipped + floor_ - chunk.position) / page * page;
-  if (cut == 0) return true;  // the floor's byte is in the chunk's first page
-  chunk.data += cut;
-  chunk.length -= cut;
-  chunk.position += cut - chunk.skipped;
-  chunk.skipped = 0;
+  if (cut > 0) chunk.drop_front(cut);  // none: the floor's byte is in the chunk's first page
   return true;
 }
 

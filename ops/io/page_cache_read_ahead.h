@@ -101,6 +101,13 @@ class PageCacheReadAhead {
     uint64_t skipped;   // bytes before that first byte, from `data` (less than a page)
     // The position just past its last byte.
     uint64_t end_position() const { return position + length - skipped; }
+    // Starts `bytes` later: at least `skipped`, at most `length`.
+    void drop_front(uint64_t bytes) {
+      data += bytes;
+      length -= bytes;
+      position += bytes - skipped;
+      skipped = 0;
+    }
   };
   void work();
   // Populates (or advises) one slice of a chunk; whether the kernel took it. A worker's.

@@ -72,9 +72,8 @@ std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& c
 // start too, since a lease broken by a writer maps its range afresh (30 GB on 23.5 GiB: 7
 // million pages promoted per load and a 3 GB file read just before evicted whole; read once, 15
 // thousand and the file kept cached, as under safetensors; benchmarks/README.md). With
-// CacheUse::ReadOnceAndDrop the ranges
-// unmapped behind the consumer are dropped from the page cache too (pages still mapped, a leased
-// view's, stay: the kernel never drops a mapped page).
+// CacheUse::ReadOnceAndDrop the ranges unmapped behind the consumer are dropped from the page
+// cache too (pages still mapped, a leased view's, stay: the kernel never drops a mapped page).
 //
 // Consumer thread only (the loader's lock); the read-ahead workers only call madvise.
 class PageCacheViews {
