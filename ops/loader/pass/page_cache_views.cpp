@@ -271,12 +271,7 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
   if (oldest < items) {
     const auto& t = plan_.tensor_of_item(oldest);
     up_to_file = t.file_index;
-    // Read once, a range ends at a multiple of the largest folio (the file's end excepted): the
-    // mapping's folios are that large (advise_read_once). POSIX_FADV_DONTNEED drops only the
-    // folios wholly inside its range, so one cut at the end would stay cached for good, and
-    // unmapping part of a folio mapped whole unmaps all of it, the held view's pages too.
-    const uint64_t unit =
-        cache_use_ == CacheUse::Keep ? io::page_size() : io::largest_folio_bytes();
+    const uint64_t unit = drop_unit();
     up_to_offset = t.file_offset / unit * unit;
   }
   // No worker maps a page behind the consumer again once it is unmapped (or dropped).

@@ -142,6 +142,9 @@ class PageCacheViews {
   // Not CacheUse::Keep: every file's mapping MADV_SEQUENTIAL and MADV_HUGEPAGE (2 MiB folios),
   // leased views' pages MADV_NORMAL (the default recency; their folios stay large).
   void advise_read_once() noexcept;
+  // What the ranges unmapped (and dropped) behind the consumer end at multiples of (the file's
+  // end excepted): the page, or read once the largest folio advise_read_once's mapping gets.
+  uint64_t drop_unit() const noexcept;
   // Not CacheUse::Keep: the pages of the `length` bytes at `data` (a leased view's) MADV_NORMAL.
   void advise_kept(const uint8_t* data, uint64_t length) noexcept;
   // A view kept from an earlier pass, leased (so at the mapping's own address), shows some of

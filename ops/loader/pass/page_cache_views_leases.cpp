@@ -135,6 +135,13 @@ void PageCacheViews::advise_read_once() noexcept {
   }
 }
 
+uint64_t PageCacheViews::drop_unit() const noexcept {
+  // Read once, the mapping's folios are that large: POSIX_FADV_DONTNEED drops only the folios
+  // wholly inside its range, so one cut at a range's end would stay cached for good, and
+  // unmapping part of a folio mapped whole unmaps all of it, the held view's pages too.
+  return cache_use_ == CacheUse::Keep ? io::page_size() : io::largest_folio_bytes();
+}
+
 void PageCacheViews::advise_kept(const uint8_t* data, uint64_t length) noexcept {
   if (cache_use_ == CacheUse::Keep || length == 0) return;
   const uint64_t page = io::page_size();
