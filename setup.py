@@ -1,9 +1,14 @@
 """Builds libinstanttensor.so with CMake against the installed torch and packages it.
 
-    pip install --no-build-isolation .
+    pip install --no-build-isolation .                  # contributors: into this environment
+    bash scripts/build_wheel.sh                         # users: a wheel for this torch, in dist/
 
 torch is deliberately not a build requirement: pip would fetch a multi-GB CUDA build into an
-isolated environment, and the library must match the torch that will load it.
+isolated environment, and the library must match the torch that will load it. So the wheel says
+which torch it was built for: its version carries it as a local label (0.2.2+torch2.13) and it
+requires that torch minor version (torch==2.13.*). Its library is relocatable: liburing linked
+in statically, RUNPATH $ORIGIN/../torch/lib (the torch installed beside it), nothing of the
+build machine's paths.
 """
 
 import hashlib
@@ -17,6 +22,31 @@ from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# Upstream InstantTensor's API level 0.2.2 (what vLLM 0.33 requires: instanttensor>=0.2.2). A
+# local label names the torch a build is for; it keeps `>=0.2.2` and `==0.2.2` satisfied.
+API_LEVEL = "0.2.2"
+
+
+def _torch_build():
+    """(minor version, local label) of the torch this build links, e.g. ("2.13", "torch2.13"),
+    "torch2.13.cu130" for a CUDA torch; None where torch is not importable (an sdist built in an
+    isolated environment: its version is the bare API level)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    minor = ".".join(torch.__version__.split("+", 1)[0].split(".")[:2])
+    label = f"torch{minor}"
+    if torch.version.cuda:
+        label += ".cu" + torch.version.cuda.replace(".", "")
+    return minor, label
+
+
+TORCH_BUILD = _torch_build()
+VERSION = f"{API_LEVEL}+{TORCH_BUILD[1]}" if TORCH_BUILD else API_LEVEL
+# The library loads only into the torch minor version it was built against: pip must refuse
+# (or fetch) any other, rather than the import failing later.
+TORCH_REQUIREMENT = f"torch=={TORCH_BUILD[0]}.*" if TORCH_BUILD else "torch>=2.11"
 
 
 class CMakeBuild(build_py):
@@ -41,22 +71,32 @@ class CMakeBuild(build_py):
              "-DINSTANTTENSOR_BUILD_TESTS=OFF", "-DINSTANTTENSOR_BUILD_EXAMPLES=OFF",
              # A release library: no test switch, even where the cached build had them.
              "-DINSTANTTENSOR_TESTING_HOOKS=OFF",
+             # Relocatable: no liburing.so needed where it is installed, torch's libraries
+             # found beside the package (site-packages/torch/lib), no build path inside.
+             "-DINSTANTTENSOR_STATIC_LIBURING=ON", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+             "-DCMAKE_INSTALL_RPATH=$ORIGIN/../torch/lib",
+             # Installed into the package: the library at its root (where _library.py loads
+             # it), headers and the CMake package config beside it for C++ consumers.
+             "-DCMAKE_INSTALL_LIBDIR=.", "-DCMAKE_INSTALL_INCLUDEDIR=include",
+             "-DINSTANTTENSOR_INSTALL_CMAKEDIR=share/cmake/instanttensor",
              # Extra CMake options, if any (scripts/test.sh: the testing hooks on).
              *shlex.split(os.environ.get("CMAKE_ARGS", ""))],
             build_dir)
         jobs = str(max(1, os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", ".", "--target", "instanttensor", "-j", jobs],
                               cwd=build_dir)
-        package_dir = os.path.join(self.build_lib, "instanttensor")
+        package_dir = os.path.abspath(os.path.join(self.build_lib, "instanttensor"))
         os.makedirs(package_dir, exist_ok=True)
-        # Always copied: setuptools' copy_file skips a destination newer than the source, and
-        # build/lib is shared by every interpreter of this Python version, so the library built
-        # for another torch (test_callers.sh's SGLang venv) would otherwise be installed here.
-        shutil.copy2(os.path.join(build_dir, "libinstanttensor.so"),
-                     os.path.join(package_dir, "libinstanttensor.so"))
+        # CMake's install copies what differs (setuptools' copy_file would skip a destination
+        # newer than the source, and build/lib is shared by every interpreter of this Python
+        # version, so the library built for another torch, test_callers.sh's SGLang venv, could
+        # otherwise be installed here).
+        subprocess.check_call(["cmake", "--install", ".", "--prefix", package_dir],
+                              cwd=build_dir)
         with open(os.path.join(package_dir, "_build_info.py"), "w") as out:
             out.write('"""Written by setup.py: what the native library was built against."""\n')
             out.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+            out.write(f"VERSION = {VERSION!r}\n")
 
 
 MISSING_SYSTEM_PACKAGES = """
@@ -91,15 +131,12 @@ class BinaryDistribution(Distribution):
 
 setup(
     name="instanttensor",
-    # Upstream InstantTensor's API level 0.2.2 (what vLLM 0.33 requires: instanttensor>=0.2.2), built
-    # on libtorch: the local label keeps `>=0.2.2` and `==0.2.2` pins satisfied while naming
-    # this build apart from upstream's wheel. Keep in step with __init__.__version__.
-    version="0.2.2+libtorch",
+    version=VERSION,  # instanttensor.__version__ reads it from _build_info.py
     description="Load safetensors checkpoints into torch tensors at the speed of the storage",
     packages=["instanttensor", "instanttensor.integrations"],
     package_dir={"instanttensor": "python_shim/instanttensor"},
     python_requires=">=3.9",
-    install_requires=["torch>=2.11", "tqdm"],
+    install_requires=[TORCH_REQUIREMENT, "tqdm"],
     cmdclass={"build_py": CMakeBuild},
     distclass=BinaryDistribution,
     zip_safe=False,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test: installs, checks formatting, builds with warnings as errors, runs the C++ tests
-# (ctest), the sanitizer builds and the fuzzers (scripts/sanitize.sh), the Python tests (pytest)
+# Every test: installs, checks formatting, builds with warnings as errors, checks the wheel
+# users install (scripts/check_wheel.sh), runs the C++ tests (ctest), the sanitizer builds and the fuzzers (scripts/sanitize.sh), the Python tests (pytest)
 # against the installed package (the device tests on the simulated accelerator), safetensors' own
 # Python suite with instanttensor in its place (scripts/reference_suite.sh), the proof that
 # each device fence is tested (scripts/check_fences.sh), and the callers' released loaders
@@ -27,6 +27,8 @@ bash scripts/build.sh
 step "the release install carries no test switch"
 (cd tests/release && INSTANTTENSOR_RELEASE_CHECK=1 "${PYTHON:-python3}" -m pytest -q \
   -p no:cacheprovider .)
+step "the wheel: built, installed alone into a venv with torch, loading; the C++ example on it"
+bash scripts/check_wheel.sh
 step "the testing install (test switches compiled in) for the suites below"
 CMAKE_ARGS="-DINSTANTTENSOR_TESTING_HOOKS=ON" "${PYTHON:-python3}" -m pip install -q \
   --no-build-isolation .

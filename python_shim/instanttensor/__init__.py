@@ -6,6 +6,8 @@ carry the public names of `safetensors`, `safetensors.torch` and `safetensors.nu
 engine registered as `torch.ops.instanttensor.*` and `torch.classes.instanttensor.Loader`.
 """
 
+import os as _os
+
 from ._library import load_library
 
 load_library()
@@ -43,12 +45,18 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-# Upstream InstantTensor's API level (0.2.2), built on libtorch; setup.py carries the same version.
-__version__ = "0.2.2+libtorch"
+# Upstream InstantTensor's API level (0.2.2), with the torch this build is for as a local label
+# (0.2.2+torch2.13): the distribution's version, which setup.py wrote beside the library.
+from ._build_info import VERSION as __version__  # noqa: E402
+
 UPSTREAM_API_LEVEL = "0.2.2"
+
+# For C++ consumers of an installed wheel, as torch.utils.cmake_prefix_path is for torch: the
+# folder find_package(instanttensor) searches (share/cmake/instanttensor inside this package).
+cmake_prefix_path = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "share", "cmake")
 
 __all__ = [
     "safe_open", "Backend", "BackendPolicy", "SafeSlice", "LoadIntoResult", "load_file",
     "load_into", "save_file", "SafetensorError", "TensorSpec", "serialize", "serialize_file",
-    "deserialize", "__version__", "UPSTREAM_API_LEVEL",
+    "deserialize", "__version__", "UPSTREAM_API_LEVEL", "cmake_prefix_path",
 ]

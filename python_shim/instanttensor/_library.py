@@ -11,9 +11,10 @@ _lock = threading.Lock()
 _loaded_path: str | None = None
 
 
-def _release(version: str) -> str:
-    """'2.13.0+cpu' -> '2.13.0': local build suffixes do not change the ABI of a release."""
-    return version.split("+", 1)[0]
+def _minor(version: str) -> str:
+    """'2.13.0+cpu' -> '2.13': the wheel requires torch==2.13.* (setup.py), so the library
+    loads into any patch release of the minor version it was built for."""
+    return ".".join(version.split("+", 1)[0].split(".")[:2])
 
 
 def library_path() -> str:
@@ -38,10 +39,11 @@ def load_library() -> str:
                 "instanttensor's native library is not built; install with "
                 "`pip install --no-build-isolation .`"
             ) from error
-        if _release(TORCH_VERSION) != _release(torch.__version__):
+        if _minor(TORCH_VERSION) != _minor(torch.__version__):
             raise ImportError(
                 f"instanttensor was built against torch {TORCH_VERSION} but torch "
-                f"{torch.__version__} is running; rebuild it with the running torch: "
+                f"{torch.__version__} is running; install the wheel built for torch "
+                f"{_minor(torch.__version__)}, or rebuild it with the running torch: "
                 "`pip install --no-build-isolation --force-reinstall --no-deps .`"
             )
         path = library_path()
