@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <utility>
 
 #include "io/direct_io.h"
+#include "io/fault_free_copy.h"
 #include "io/process_id.h"
 #include "io/thread_name.h"
 
@@ -44,15 +46,11 @@ struct LeaseRegistry {
   void watch(sigset_t set);
   // Under `mutex`: answers a break of `lease` if one is under way.
   static void answer(FileLease& lease);
-  // Before a fork: the child's views would have no lease, so every protection becomes a private
-  // copy now, under its lease, and the lock stays taken until both processes go on.
-  static void freeze_before_fork() {
-    auto& registry = get();
-    registry.mutex.lock();
-    for (FileLease* lease : registry.leases) {
-      if (lease->held_ && lease->taker_ == current_process_id()) (void)lease->freeze_all();
-    }
-  }
+  // Before a fork: the lock is taken until both processes go on, so the child never inherits it
+  // held by the watcher. Nothing is copied (a fork costs what it costs without leases): the
+  // parent's views stay under their leases; the child's share the parent's pages and, no lease
+  // covering them, see a later rewrite of the file as safetensors' tensors do (README).
+  static void lock_before_fork() { get().mutex.lock(); }
 };
 
 namespace {
@@ -85,7 +83,8 @@ uint64_t size_of(int fd) {
 bool replace_by_copies(uint8_t* start, uint64_t length, uint64_t available) {
   void* fresh = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (fresh == MAP_FAILED) return false;
-  std::memcpy(fresh, start, std::min(length, available));
+  // The kernel's copy: a page past the end (a truncation the lease did not hold back) is zeros.
+  (void)copy_without_faults(fresh, start, std::min(length, available));
   if (::mremap(fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, start) == MAP_FAILED) {
     ::munmap(fresh, length);
     return false;
@@ -129,7 +128,7 @@ bool LeaseRegistry::start_watcher() {
   if (!ok) return false;
   static std::once_flag fork_handlers;
   std::call_once(fork_handlers, [] {
-    pthread_atfork(LeaseRegistry::freeze_before_fork, unlock_after_fork, unlock_after_fork);
+    pthread_atfork(LeaseRegistry::lock_before_fork, unlock_after_fork, unlock_after_fork);
   });
   watcher_pid = current_process_id();
   watcher_tid = tid;
@@ -160,10 +159,21 @@ void LeaseRegistry::watch(sigset_t set) {
   }
 }
 
+size_t FileLease::max_leases() noexcept {
+  rlimit limit{};
+  const uint64_t descriptors =
+      ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
+          ? static_cast<uint64_t>(limit.rlim_cur)
+          : 1024;
+  return static_cast<size_t>(std::max<uint64_t>(1, std::min<uint64_t>(64, descriptors / 16)));
+}
+
 std::shared_ptr<FileLease> FileLease::take(int fd) {
   if (refused_for_testing()) return nullptr;
   auto& registry = LeaseRegistry::get();
   std::lock_guard<std::mutex> lock(registry.mutex);
+  // A descriptor each: past the cap, views are copied and the process keeps its descriptors.
+  if (registry.leases.size() >= max_leases()) return nullptr;
   if (!registry.start_watcher()) return nullptr;
   // A description of our own: F_SETSIG and F_SETOWN_EX are set on it, and its lease is ours.
   const std::string self = "/proc/self/fd/" + std::to_string(fd);

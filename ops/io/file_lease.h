@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -28,17 +29,22 @@ class ViewProtection;
 // there; SIGIO too, which the kernel sends instead when that signal's queue is full). The lease
 // is released when the last holder (the loader, its protections) drops it. Any thread.
 //
-// Before a fork (pthread_atfork), every protection of this process is replaced by private copies
-// under its lease, so parent and child share those copies copy-on-write and no writer can reach
-// the child's views, which no lease covers. A fork after keeping many views therefore copies
-// them once, in the parent, as keeping them used to.
+// A fork copies nothing: the parent's views stay under its leases (a writer waits until the
+// parent's pages are private copies); a child's views share the parent's pages and no lease
+// covers them, so a rewrite of the file after the fork shows in them, and a truncation makes
+// reading them SIGBUS, as with safetensors' tensors (the child's own kept views are copied out).
+// At most max_leases() leases live in a process at once (a descriptor each).
 class FileLease : public std::enable_shared_from_this<FileLease> {
  public:
   // The lease on the file `fd` reads, or nullptr where the kernel refuses it: leases disabled
   // (/proc/sys/fs/leases-enable), a filesystem without them (NFS, FUSE), a file this process
   // neither owns nor has CAP_LEASE for, a file open for writing anywhere, no /proc, no thread for
   // the watcher; in a testing build, INSTANTTENSOR_TESTING_NO_LEASE=1 refuses too.
+  // Also nullptr when max_leases() leases are alive already.
   static std::shared_ptr<FileLease> take(int fd);
+  // The most leases this process holds at once: 64, or a sixteenth of the descriptor limit
+  // (RLIMIT_NOFILE, read at each take) where that is less.
+  static size_t max_leases() noexcept;
   ~FileLease();
   FileLease(const FileLease&) = delete;
   FileLease& operator=(const FileLease&) = delete;

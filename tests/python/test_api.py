@@ -169,6 +169,19 @@ def test_version_and_build_info():
     assert torch.__version__.split("+")[0] in info
 
 
+def test_another_patch_release_of_the_same_minor_version_loads(monkeypatch):
+    # The wheel requires torch==2.13.*: pip may pair it with any patch release of that minor.
+    from instanttensor import _library
+    from instanttensor._build_info import TORCH_VERSION
+
+    loaded = []
+    monkeypatch.setattr(_library, "_loaded_path", None)
+    minor = ".".join(TORCH_VERSION.split("+")[0].split(".")[:2])
+    monkeypatch.setattr(_library.torch, "__version__", f"{minor}.99+cu130")
+    monkeypatch.setattr(_library.torch.ops, "load_library", loaded.append)
+    assert _library.load_library() == _library.library_path() == loaded[0]
+
+
 def test_version_mismatch_is_an_import_error_naming_both(monkeypatch):
     from instanttensor import _library
 

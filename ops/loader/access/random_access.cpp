@@ -12,7 +12,7 @@ at::Tensor RandomAccess::tensor(const format::IndexedTensor& t) {
   auto spec = factory_.spec(t);
   auto storage = read(t, 0, t.nbytes);
   stats_.tensors_loaded += 1;
-  return to_target(factory_.aligned(TensorFactory::over(std::move(storage), spec)));
+  return to_target(factory_.aligned(TensorFactory::over(std::move(storage), spec), t));
 }
 
 at::Tensor RandomAccess::rows(const format::IndexedTensor& t, int64_t start, int64_t stop) {
@@ -32,7 +32,7 @@ at::Tensor RandomAccess::rows(const format::IndexedTensor& t, int64_t start, int
   // Rows are contiguous in a row-major file: only their byte range is read.
   auto storage = read(t, static_cast<uint64_t>(start) * row_bytes,
                       static_cast<uint64_t>(stop - start) * row_bytes);
-  return to_target(factory_.aligned(TensorFactory::over(std::move(storage), spec)));
+  return to_target(factory_.aligned(TensorFactory::over(std::move(storage), spec), t));
 }
 
 c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTensor& t,

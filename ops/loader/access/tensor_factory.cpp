@@ -1,8 +1,7 @@
 #include "loader/access/tensor_factory.h"
 
-#include <cstring>
-
 #include "format/torch_dtype.h"
+#include "io/fault_free_copy.h"
 #include "loader/reads/timing.h"
 #include "loader/transfer/storage_views.h"
 #include "pool/host_buffer.h"
@@ -31,27 +30,31 @@ c10::intrusive_ptr<c10::StorageImpl> TensorFactory::mapped(
                               mapping);
 }
 
-at::Tensor TensorFactory::aligned(at::Tensor tensor) {
+at::Tensor TensorFactory::aligned(at::Tensor tensor, const format::IndexedTensor& t) {
   if (reinterpret_cast<uintptr_t>(tensor.data_ptr()) % tensor.element_size() == 0) return tensor;
-  at::Tensor copy = owned_copy(tensor);
+  at::Tensor copy = owned_copy(tensor, t);
   stats_.misaligned_copies += 1;
   return copy;
 }
 
-at::Tensor TensorFactory::owned_copy(const at::Tensor& tensor) {
+at::Tensor TensorFactory::owned_copy(const at::Tensor& tensor, const format::IndexedTensor& t) {
   auto start = Clock::now();
-  at::Tensor copy = copy_of(tensor);
+  at::Tensor copy = copy_of(tensor, t);
   stats_.copy_seconds += seconds_since(start);
   return copy;
 }
 
-at::Tensor TensorFactory::copy_of(const at::Tensor& tensor) const {
+at::Tensor TensorFactory::copy_of(const at::Tensor& tensor, const format::IndexedTensor& t) const {
   uint64_t nbytes = tensor.nbytes();
   const auto* from = static_cast<const uint8_t*>(tensor.data_ptr());
   c10::DataPtr fresh;
   if (tensor.device().is_cpu()) {
     fresh = pool::allocate_host(nbytes, false, "a tensor");
-    std::memcpy(fresh.get(), from, nbytes);
+    // A view of a file mapping: a page past a truncation stops the kernel's copy, no SIGBUS.
+    if (io::copy_without_faults(fresh.get(), from, nbytes) < nbytes) {
+      throw Error(ErrorKind::Io, checkpoint_.files()[t.file_index].path, t.name(),
+                  "file shrank during the load (its mapping ends before the tensor)");
+    }
   } else {
     fresh = stage_->copy_on_device(from, nbytes);
   }

@@ -39,15 +39,16 @@ class TensorFactory {
   c10::intrusive_ptr<c10::StorageImpl> mapped(const std::shared_ptr<const io::MappedFiles>& mapping,
                                               const format::IndexedTensor& t, uint64_t offset,
                                               uint64_t nbytes) const;
-  // `tensor` itself when its data is aligned for its element type, else an aligned owned copy
-  // (element-wise kernels may not expect a misaligned pointer; the file may hold one).
-  at::Tensor aligned(at::Tensor tensor);
-  // A copy of `tensor` in fresh memory of its device (host: memcpy; device: queued on the
-  // consumer's stream through the stage), booked as copy time.
-  at::Tensor owned_copy(const at::Tensor& tensor);
+  // `tensor` (of `t`) itself when its data is aligned for its element type, else an aligned
+  // owned copy (element-wise kernels may not expect a misaligned pointer; the file may hold one).
+  at::Tensor aligned(at::Tensor tensor, const format::IndexedTensor& t);
+  // A copy of `tensor` (of `t`) in fresh memory of its device (host: the kernel's copy, so a
+  // view of a file truncated meanwhile is Error(Io) naming the file and `t`, never a SIGBUS;
+  // device: queued on the consumer's stream through the stage), booked as copy time.
+  at::Tensor owned_copy(const at::Tensor& tensor, const format::IndexedTensor& t);
 
  private:
-  at::Tensor copy_of(const at::Tensor& tensor) const;
+  at::Tensor copy_of(const at::Tensor& tensor, const format::IndexedTensor& t) const;
 
   const format::Checkpoint& checkpoint_;
   const DeviceStage* stage_;

@@ -8,7 +8,7 @@ std::pair<std::string, at::Tensor> MappedPass::hand_out(size_t item) {
   auto spec = factory_.spec(t);
   stats_.tensors_loaded += 1;
   auto storage = factory_.mapped(io_.mapping(), t, 0, t.nbytes);
-  return {t.name(), factory_.aligned(TensorFactory::over(std::move(storage), spec))};
+  return {t.name(), factory_.aligned(TensorFactory::over(std::move(storage), spec), t)};
 }
 
 }  // namespace instanttensor::loader

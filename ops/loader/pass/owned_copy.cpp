@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/direct_io.h"
+#include "io/fault_free_copy.h"
 #include "io/untouched_pages.h"
 
 namespace instanttensor::loader {
@@ -19,7 +20,7 @@ namespace {
 constexpr int64_t kCopyGrain = 4 << 20;
 }  // namespace
 
-void copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
+uint64_t copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
   const uint64_t page = io::page_size();
   io::UntouchedPagePlacer placer(to, nbytes);
   std::mutex mutex;
@@ -37,11 +38,19 @@ void copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
                    });
   placer.close();
   not_placed.emplace_back(static_cast<uint64_t>(pages) * page, nbytes);
+  uint64_t unreadable = nbytes;  // the first source byte that could not be read
   for (auto [begin, end] : not_placed) {
-    at::parallel_for(
-        static_cast<int64_t>(begin), static_cast<int64_t>(end), kCopyGrain,
-        [&](int64_t b, int64_t e) { std::memcpy(to + b, from + b, static_cast<size_t>(e - b)); });
+    at::parallel_for(static_cast<int64_t>(begin), static_cast<int64_t>(end), kCopyGrain,
+                     [&](int64_t b, int64_t e) {
+                       const auto length = static_cast<uint64_t>(e - b);
+                       const uint64_t copied = io::copy_without_faults(to + b, from + b, length);
+                       if (copied < length) {
+                         std::lock_guard<std::mutex> lock(mutex);
+                         unreadable = std::min(unreadable, static_cast<uint64_t>(b) + copied);
+                       }
+                     });
   }
+  return unreadable;
 }
 
 std::shared_ptr<uint8_t> heap_bytes(uint64_t nbytes) {

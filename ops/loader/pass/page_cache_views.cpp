@@ -30,23 +30,6 @@ namespace {
 // which would copy it then, on the consumer's time (the 262 MB lm_head of a 1 GB model: 0.12-0.4
 // s of a 0.2 s warm load). Under a lease it stays a view like any kept one.
 constexpr uint64_t kOwnedTailBytes = 1ull << 20;
-// A kept view smaller than this is copied rather than leased: the copy costs 0.1-0.3 ms at most,
-// while a lease costs a descriptor of its own, and a process whose descriptor table grows while
-// it runs threads waits an RCU grace period. vLLM's loader holds a view for a step past its own
-// at each group of weights (itertools.groupby reads ahead): in a tiny model of 12 shards, four
-// leases of 128-256 KiB views crossed 64 descriptors, a 14 ms step of a 20-30 ms load.
-constexpr uint64_t kLeasedViewMinBytes = 1ull << 20;
-
-uint64_t leased_view_min_bytes() {
-#ifdef INSTANTTENSOR_TESTING_HOOKS
-  // Tests keep small views to exercise leases on small files.
-  if (const char* testing = std::getenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES")) {
-    return std::strtoull(testing, nullptr, 10);
-  }
-#endif
-  return kLeasedViewMinBytes;
-}
-
 }  // namespace
 
 std::shared_ptr<const io::MappedFiles> map_for_views(const format::Checkpoint& checkpoint) {
@@ -60,18 +43,16 @@ PageCacheViews::PageCacheViews(const PassPlan& plan, std::shared_ptr<const io::M
       factory_(factory),
       stats_(stats),
       mapping_(std::move(mapping)),
-      leased_(plan.checkpoint->files().size()),
+      kept_(plan, mapping_, stats),
       window_(window),
-      cache_use_(cache_use),
-      leased_view_min_bytes_(leased_view_min_bytes()) {
-  leases_.resize(plan_.checkpoint->files().size());
-  small_views_kept_.resize(plan_.checkpoint->files().size());
+      cache_use_(cache_use) {
   for (size_t item = 0; item < plan_.reads.items.size(); ++item) {
     const auto& t = plan_.tensor_of_item(item);
     if (t.nbytes > 0) tail_.item = t.nbytes >= kOwnedTailBytes ? item : SIZE_MAX;
   }
   // Under a lease the last view stays a view past the pass, like any kept one: no tail read.
-  if (tail_.item != SIZE_MAX && lease_of(plan_.tensor_of_item(tail_.item).file_index)) {
+  if (tail_.item != SIZE_MAX &&
+      kept_.lease_available(plan_.tensor_of_item(tail_.item).file_index)) {
     tail_.item = SIZE_MAX;
   }
   std::vector<io::MappedSpan> spans;
@@ -105,7 +86,7 @@ void PageCacheViews::begin_pass() {
   std::fill(dropped_up_to_.begin(), dropped_up_to_.end(), 0);
   // Pages the last pass skipped for a leased view since dropped: an in-place write of it must
   // not reach this pass.
-  leased_before_this_pass_ = leased_.forget_ended();
+  (void)kept_.begin_pass();
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
     unmap_unleased(file, 0, mapping_->size(file));
   }
@@ -115,7 +96,9 @@ void PageCacheViews::begin_pass() {
 
 std::optional<Error> PageCacheViews::settle(size_t item) noexcept {
   const bool ending = item >= plan_.reads.items.size();
-  auto changed = release_held(/*keep_last=*/!ending);  // the loop still binds the last one
+  // The loop still binds the last one handed out.
+  auto changed = kept_.release(ending ? SIZE_MAX : last_handed_out_);
+  if (ending) advise_kept();
   drop_pages_behind(item);
   if (changed || ending) return changed;
   const auto& t = plan_.tensor_of_item(item);
@@ -137,18 +120,16 @@ at::Tensor PageCacheViews::hand_out(size_t item) {
   if (item == tail_.item) {
     if (auto owned = take_tail()) return *owned;
   }
-  if (shown_by_a_leased_view(item)) return read_owned(item);
-  // Held while a view of the file may be checked: a file deleted or truncated meanwhile is then
-  // still measured (make_owned) and leased through the inode validated, not its path.
+  if (kept_.shown_by_a_leased_view(item)) return read_owned(item);
+  // Held while a view of the file may be kept: a file deleted or truncated meanwhile is then
+  // still leased through the inode validated, not its path.
   (void)plan_.checkpoint->descriptor(t.file_index);
   auto spec = factory_.spec(t);
-  auto storage = factory_.mapped(mapping_, t, 0, t.nbytes);
+  HandedOutView view = kept_.make_view(item);
   stats_.bytes_read += t.nbytes;
-  at::Tensor tensor = factory_.aligned(TensorFactory::over(storage, spec));
+  at::Tensor tensor = factory_.aligned(TensorFactory::over(view.storage, spec), t);
   // A misaligned tensor went out as an owned copy: nothing of the mapping to watch.
-  if (tensor.storage().unsafeGetStorageImpl() == storage.get()) {
-    held_.push_back(Held{item, std::move(storage)});
-  }
+  if (tensor.storage().unsafeGetStorageImpl() == view.storage.get()) kept_.track(std::move(view));
   return tensor;
 }
 
@@ -159,17 +140,14 @@ void PageCacheViews::pass_ended() {
 }
 
 void PageCacheViews::release_all() noexcept {
-  (void)release_held(/*keep_last=*/false);
+  (void)kept_.release(SIZE_MAX);
+  advise_kept();
   drop_pages_behind(plan_.reads.items.size());
 }
 
 void PageCacheViews::abandon_after_fork() {
   read_ahead_->abandon_after_fork();
-  // No lease of the child's own: a file the parent never asked about keeps views copied out, as
-  // one the parent leased does (its lease answers the parent alone).
-  for (auto& lease : leases_) {
-    if (!lease) lease = nullptr;
-  }
+  kept_.abandon_after_fork();
   // The reader was the parent's thread: its handle is leaked, and the tail read as a view here.
   if (tail_.reader.joinable()) (void)new std::thread(std::move(tail_.reader));
   tail_ = OwnedTail{};
@@ -183,89 +161,9 @@ std::string PageCacheViews::description() const {
               : ")");
 }
 
-std::optional<Error> PageCacheViews::release_held(bool keep_last) noexcept {
-  std::optional<Error> changed;
-  while (!held_.empty() && !(keep_last && held_.front().item == last_handed_out_)) {
-    Held held = std::move(held_.front());
-    held_.pop_front();
-    // Our reference is the only one left: the consumer dropped every view of it.
-    if (held.storage.use_count() == 1) continue;
-    if (keep_under_lease(held)) continue;
-    std::optional<Error> error;
-    const bool owned = make_owned(held, error);
-    if (error && !changed) changed = std::move(error);
-    if (!owned) {
-      // Still a view (no memory for its copy): tracked again, and its pages stay mapped.
-      held_.push_front(std::move(held));
-      break;
-    }
-  }
-  return changed;
-}
-
-bool PageCacheViews::make_owned(const Held& held, std::optional<Error>& changed) noexcept {
-  auto start = Clock::now();
-  const auto& t = plan_.tensor_of_item(held.item);
-  const auto& file = plan_.checkpoint->files()[t.file_index];
-  c10::StorageImpl& storage = *held.storage;
-  const uint64_t nbytes = storage.nbytes();
-  bool owned = false;
-  try {
-    plan_.checkpoint->check_unchanged(t.file_index, t.name());
-  } catch (const Error& e) {
-    changed.emplace(ErrorKind::Io, file.path, t.name(),
-                    std::string("the file changed while the tensor was held as a view of it (") +
-                        e.what() + ")");
-  }
-  // Touching mapped pages past the file's end raises SIGBUS: copy what the file still has.
-  // (Its descriptor is held from hand_out until its views are checked: this is no reopen.)
-  struct stat st {};
-  uint64_t size_now = 0;
-  try {
-    format::ScopedDescriptor descriptor(*plan_.checkpoint, t.file_index);
-    if (::fstat(descriptor.fd(), &st) == 0) size_now = static_cast<uint64_t>(st.st_size);
-  } catch (const Error&) {
-    // Never held (a bug) and no longer the file validated: nothing of it is safe to touch.
-  }
-  uint64_t available = size_now > t.file_offset ? std::min(nbytes, size_now - t.file_offset) : 0;
-  try {
-    // Fresh pages filled as they are allocated (io/untouched_pages.h), two threads at once: a
-    // memcpy into fresh memory pays a zeroed page per 4 KiB first (262 MB: 0.24 s on one
-    // thread, 0.12 s on two, in torch's own allocator). A small view (copied, not leased) goes
-    // to the heap instead: a mapping and a userfaultfd of its own cost more than its bytes (100
-    // load_file calls of 256 KB: 0.040 s against 0.0xx s).
-    const bool small = nbytes < kLeasedViewMinBytes;
-    std::shared_ptr<uint8_t> memory = small ? heap_bytes(nbytes) : io::map_untouched_pages(nbytes);
-    uint8_t* to = memory.get();
-    const auto* from = static_cast<const uint8_t*>(storage.data());
-    if (small) {
-      std::memcpy(to, from, available);
-    } else {
-      copy_into_untouched(to, from, available);
-    }
-    std::memset(to + available, 0, nbytes - available);
-    // A pointer exported before (numpy, DLPack, data_ptr) still points into the mapping: it
-    // stays mapped while the tensor lives, as the borrow ring keeps its block for such pointers.
-    struct FreshKeepingTheMapping {
-      std::shared_ptr<uint8_t> fresh;
-      std::shared_ptr<const io::MappedFiles> mapping;
-    };
-    auto both = std::make_shared<FreshKeepingTheMapping>(
-        FreshKeepingTheMapping{std::move(memory), mapping_});
-    storage.set_data_ptr_noswap(data_kept_by(to, std::move(both)));
-    stats_.materializations += 1;
-    owned = true;
-  } catch (...) {
-    // No memory for it: the tensor stays a view of the mapping (valid while the file is), and
-    // the caller keeps tracking it.
-  }
-  stats_.copy_seconds += seconds_since(start);
-  return owned;
-}
-
 void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
   const size_t items = plan_.reads.items.size();
-  size_t oldest = held_.empty() ? next_item : held_.front().item;
+  size_t oldest = std::min(kept_.oldest_item(), next_item);
   size_t up_to_file = dropped_up_to_.size();
   uint64_t up_to_offset = 0;
   if (oldest < items) {
@@ -334,7 +232,7 @@ at::Tensor PageCacheViews::owned_tensor(size_t item, c10::DataPtr data) {
   stats_.read_requests += 1;
   stats_.bytes_read += t.nbytes;
   return factory_.aligned(
-      TensorFactory::over(make_storage(std::move(data), t.nbytes), factory_.spec(t)));
+      TensorFactory::over(make_storage(std::move(data), t.nbytes), factory_.spec(t)), t);
 }
 
 void PageCacheViews::stop_tail() noexcept {
@@ -342,7 +240,7 @@ void PageCacheViews::stop_tail() noexcept {
   tail_.started = tail_.complete = false;
   tail_.data.clear();
   // The pass had moved past the tail's file, or never reached it.
-  if (tail_.item != SIZE_MAX && held_.empty()) {
+  if (tail_.item != SIZE_MAX && kept_.oldest_item() == SIZE_MAX) {
     plan_.checkpoint->release_descriptor(plan_.tensor_of_item(tail_.item).file_index);
   }
 }

@@ -234,12 +234,12 @@ std::pair<std::string, at::Tensor> ReadPass::hand_out(size_t item, ExchangeProto
   } else if (on_device) {
     group.landed_fence.block(memory_.stage()->streams().consumer(), "landed");
   }
-  if (owned) return {t.name(), factory.aligned(TensorFactory::over(std::move(owned), spec))};
+  if (owned) return {t.name(), factory.aligned(TensorFactory::over(std::move(owned), spec), t)};
   at::Tensor tensor =
       TensorFactory::over(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(state.borrowed), spec);
   // copy=true through a ring (the exchange): the consumer gets its own bytes.
-  if (copy_) return {t.name(), factory.owned_copy(tensor)};
-  return {t.name(), factory.aligned(tensor)};
+  if (copy_) return {t.name(), factory.owned_copy(tensor, t)};
+  return {t.name(), factory.aligned(tensor, t)};
 }
 
 void ReadPass::leave_parent_work_behind() {

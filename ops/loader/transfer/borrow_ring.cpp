@@ -16,9 +16,18 @@ namespace instanttensor::loader {
 
 namespace {
 // The region's own reference is one; anything more is a consumer still holding the tensor (a
-// view, a list entry, an export).
-bool held_by_consumer(const c10::intrusive_ptr<c10::StorageImpl>& storage) {
-  return storage.use_count() > 1;
+// view, a list entry, an export). And the storage is still the ring's: its DataPtr is the one
+// borrow() made (no context, nothing to delete, inside the block). One that share_memory_, set_
+// or pickling repointed is torch's then: never copied out or repointed again.
+bool held_by_consumer(const c10::intrusive_ptr<c10::StorageImpl>& storage,
+                      const c10::DataPtr& block, uint64_t capacity) {
+  if (storage.use_count() <= 1) return false;
+  const c10::StorageImpl& impl = *storage;  // const: never materializes copy-on-write
+  const c10::DataPtr& now = impl.data_ptr();
+  const auto* data = static_cast<const uint8_t*>(now.get());
+  const auto* start = static_cast<const uint8_t*>(block.get());
+  return now.get_context() == nullptr && now.get_deleter() == &c10::detail::deleteNothing &&
+         data >= start && data <= start + capacity;
 }
 }  // namespace
 
@@ -118,7 +127,7 @@ uint64_t BorrowRing::release_oldest() {
     // (work queued on a kept tensor after the step that passed it): its copy-out and the reuse
     // wait for everything the consumer has queued by now. Found by the simulated device.
     for (auto& storage : oldest.storages) {
-      if (held_by_consumer(storage)) {
+      if (held_by_consumer(storage, block_, capacity_)) {
         CopyFence::after(streams_.consumer()).block(streams_.loader(), "retained_reads");
         break;
       }
@@ -127,7 +136,7 @@ uint64_t BorrowRing::release_oldest() {
   uint64_t copied = 0;
   for (auto& storage : oldest.storages) {
     // Give a tensor still held memory of its own before the ring reuses this.
-    if (held_by_consumer(storage)) {
+    if (held_by_consumer(storage, block_, capacity_)) {
       materialize(*storage);
       copied += 1;
     }
@@ -142,7 +151,8 @@ void BorrowRing::hand_over_retained() {
   std::vector<c10::StorageImpl*> retained;
   for (auto& region : regions_) {
     for (auto& storage : region.storages) {
-      if (held_by_consumer(storage) && storage->nbytes() > 0) retained.push_back(storage.get());
+      if (held_by_consumer(storage, block_, capacity_) && storage->nbytes() > 0)
+        retained.push_back(storage.get());
     }
   }
   if (retained.empty()) return;

@@ -1,0 +1,218 @@
+#include "loader/pass/kept_views.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "io/fault_free_copy.h"
+#include "io/untouched_pages.h"
+#include "loader/pass/owned_copy.h"
+#include "loader/reads/timing.h"
+#include "loader/transfer/storage_views.h"
+
+namespace instanttensor::loader {
+
+namespace {
+
+// A kept view smaller than this is copied rather than leased: the copy costs 0.1-0.3 ms at most,
+// while a lease costs a descriptor of its own, and a process whose descriptor table grows while
+// it runs threads waits an RCU grace period. vLLM's loader holds a view for a step past its own
+// at each group of weights (itertools.groupby reads ahead): in a tiny model of 12 shards, four
+// leases of 128-256 KiB views crossed 64 descriptors, a 14 ms step of a 20-30 ms load.
+constexpr uint64_t kLeasedViewMinBytes = 1ull << 20;
+
+uint64_t leased_view_min_bytes() {
+#ifdef INSTANTTENSOR_TESTING_HOOKS
+  // Tests keep small views to exercise leases on small files.
+  if (const char* testing = std::getenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES")) {
+    return std::strtoull(testing, nullptr, 10);
+  }
+#endif
+  return kLeasedViewMinBytes;
+}
+
+void release_keeper(void* context) { delete static_cast<std::shared_ptr<ViewKeeper>*>(context); }
+
+}  // namespace
+
+KeptViews::KeptViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles> mapping,
+                     Stats& stats)
+    : plan_(plan),
+      mapping_(std::move(mapping)),
+      stats_(stats),
+      leases_(plan.checkpoint->files().size()),
+      leased_(plan.checkpoint->files().size()),
+      small_views_kept_(plan.checkpoint->files().size()),
+      leased_view_min_bytes_(leased_view_min_bytes()) {}
+
+KeptViews::~KeptViews() { (void)release(SIZE_MAX); }
+
+HandedOutView KeptViews::make_view(size_t item) const {
+  const auto& t = plan_.tensor_of_item(item);
+  HandedOutView view;
+  view.item = item;
+  view.keeper = std::make_shared<ViewKeeper>(ViewKeeper{mapping_, nullptr});
+  view.data = mapping_->data(t.file_index) + t.file_offset;
+  auto* context = new std::shared_ptr<ViewKeeper>(view.keeper);
+  view.context = context;
+  // Resizable through torch's CPU allocator, as an owned tensor's storage is: resize_ then gives
+  // it torch's memory (repointed: no longer ours).
+  view.storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), static_cast<int64_t>(t.nbytes),
+      c10::DataPtr(view.data, context, &release_keeper, c10::Device(c10::DeviceType::CPU)),
+      c10::GetCPUAllocator(), /*resizable=*/true);
+  return view;
+}
+
+void KeptViews::track(HandedOutView view) { held_.push_back(std::move(view)); }
+
+size_t KeptViews::oldest_item() const noexcept {
+  return held_.empty() ? SIZE_MAX : held_.front().item;
+}
+
+bool KeptViews::still_ours(const HandedOutView& view) noexcept {
+  // The const accessor: it never materializes a copy-on-write storage.
+  const c10::StorageImpl& storage = *view.storage;
+  const c10::DataPtr& now = storage.data_ptr();
+  return now.get_context() == view.context && now.get_deleter() == &release_keeper &&
+         now.get() == view.data;
+}
+
+std::optional<Error> KeptViews::release(size_t keep_item) noexcept {
+  std::optional<Error> first;
+  while (!held_.empty() && held_.front().item != keep_item) {
+    HandedOutView view = std::move(held_.front());
+    held_.pop_front();
+    // Our reference is the only one left: the consumer dropped every view of it. Or the storage
+    // was repointed (share_memory_, set_, pickling): torch's now, never touched again.
+    if (view.storage.use_count() == 1 || !still_ours(view)) continue;
+    if (keep_under_lease(view)) continue;
+    auto error = make_owned(view);
+    if (error && !first) first = std::move(error);
+  }
+  return first;
+}
+
+bool KeptViews::keep_under_lease(const HandedOutView& view) noexcept {
+  const auto& t = plan_.tensor_of_item(view.item);
+  // A small view takes its file's lease (a descriptor) only once a second view of the file is
+  // kept (load_file keeps them all), or when the lease is there already: a single one held for
+  // a step past its own (vLLM's groupby reads ahead) is copied out.
+  if (t.nbytes < leased_view_min_bytes_ && !leases_[t.file_index] &&
+      ++small_views_kept_[t.file_index] < 2) {
+    return false;
+  }
+  io::FileLease* lease = lease_of(t.file_index);
+  if (!lease) return false;
+  try {
+    plan_.checkpoint->check_unchanged(t.file_index, t.name());
+    uint8_t* start = mapping_->data(t.file_index);
+    auto protection = lease->protect(start, static_cast<uint64_t>(view.data - start), t.nbytes);
+    if (!protection) return false;
+    leased_.add(t.file_index, t.file_offset, t.nbytes, protection);
+    // The storage is not touched: its DataPtr's keeper holds the protection while it lives.
+    view.keeper->protection = std::move(protection);
+    stats_.leased_views += 1;
+    leased_this_pass_ = true;
+    return true;
+  } catch (...) {
+    return false;  // changed since open, or no memory: make_owned says which
+  }
+}
+
+std::optional<Error> KeptViews::make_owned(const HandedOutView& view) noexcept {
+  auto start = Clock::now();
+  const auto& t = plan_.tensor_of_item(view.item);
+  const std::string& path = plan_.checkpoint->files()[t.file_index].path;
+  std::optional<Error> error;
+  try {
+    plan_.checkpoint->check_unchanged(t.file_index, t.name());
+  } catch (const Error& e) {
+    error.emplace(ErrorKind::Io, path, t.name(),
+                  std::string("the file changed while the tensor was held as a view of it (") +
+                      e.what() + ")");
+  }
+  try {
+    // Fresh pages filled as they are allocated (io/untouched_pages.h), two threads at once: a
+    // memcpy into fresh memory pays a zeroed page per 4 KiB first (262 MB: 0.24 s on one
+    // thread, 0.12 s on two, in torch's own allocator). A small view goes to the heap instead: a
+    // mapping and a userfaultfd of its own cost more than its bytes. Either copy reads the view
+    // (the consumer's in-place writes included) through the kernel: a page past the end of a
+    // file truncated meanwhile stops it, never a SIGBUS.
+    const bool small = t.nbytes < kLeasedViewMinBytes;
+    std::shared_ptr<uint8_t> memory =
+        small ? heap_bytes(t.nbytes) : io::map_untouched_pages(t.nbytes);
+    uint8_t* to = memory.get();
+    const uint64_t copied = small ? io::copy_without_faults(to, view.data, t.nbytes)
+                                  : copy_into_untouched(to, view.data, t.nbytes);
+    if (copied < t.nbytes) {
+      std::memset(to + copied, 0, t.nbytes - copied);
+      if (!error) {
+        error.emplace(ErrorKind::Io, path, t.name(),
+                      "the file shrank while the tensor was held as a view of it (bytes past its "
+                      "new end are zeros)");
+      }
+    }
+    // A pointer exported before (numpy, DLPack, data_ptr) still points into the mapping: it
+    // stays mapped while the tensor lives, as the borrow ring keeps its block for such pointers.
+    struct FreshKeepingTheMapping {
+      std::shared_ptr<uint8_t> fresh;
+      std::shared_ptr<const io::MappedFiles> mapping;
+    };
+    auto both = std::make_shared<FreshKeepingTheMapping>(
+        FreshKeepingTheMapping{std::move(memory), mapping_});
+    // Asked again right before the repoint: the copy took time.
+    if (still_ours(view)) {
+      view.storage->set_data_ptr_noswap(data_kept_by(to, std::move(both)));
+      stats_.materializations += 1;
+    }
+  } catch (...) {
+    // No memory for it: let go as a view of the mapping (valid while the file is), reported.
+    if (!error) {
+      error.emplace(ErrorKind::OutOfMemory, path, t.name(),
+                    "no memory to copy the tensor kept past its step; it stays a view of the "
+                    "file, which a change of the file reaches");
+    }
+  }
+  stats_.copy_seconds += seconds_since(start);
+  return error;
+}
+
+io::FileLease* KeptViews::lease_of(size_t file) noexcept {
+  if (!leases_[file]) {
+    try {
+      leases_[file] = io::FileLease::take(plan_.checkpoint->descriptor(file));
+    } catch (...) {
+      // No memory, or the file is no longer the one validated: kept views of it are copied out.
+      leases_[file] = nullptr;
+    }
+  }
+  return leases_[file]->get();
+}
+
+bool KeptViews::lease_available(size_t file) noexcept { return lease_of(file) != nullptr; }
+
+bool KeptViews::shown_by_a_leased_view(size_t item) {
+  if (!leased_before_this_pass_) return false;  // the first pass: no lookup per step
+  const auto& t = plan_.tensor_of_item(item);
+  return leased_.shows_bytes(t.file_index, t.file_offset, t.nbytes);
+}
+
+bool KeptViews::begin_pass() {
+  (void)release(SIZE_MAX);
+  leased_this_pass_ = false;
+  leased_before_this_pass_ = leased_.forget_ended();
+  return leased_before_this_pass_;
+}
+
+void KeptViews::abandon_after_fork() noexcept {
+  for (auto& lease : leases_) {
+    if (!lease) lease = nullptr;
+  }
+}
+
+}  // namespace instanttensor::loader
