@@ -144,12 +144,25 @@ std::string PageCacheReadAhead::description() const {
   return std::string(how) + ", " + std::to_string(thread_count_) + " workers";
 }
 
+void PageCacheReadAhead::wait_until_idle() {
+  std::unique_lock<std::mutex> lock(*mutex_);
+  // Every worker blocked, and none would find work if woken now (a wake-up not yet taken).
+  populated_->wait(lock, [&] {
+    return stopping_ ||
+           (idle_workers_ == thread_count_ && !(active_ && next_chunk_within_window()));
+  });
+}
+
 void PageCacheReadAhead::work() {
   while (true) {
     Chunk rest{};
     {
       std::unique_lock<std::mutex> lock(*mutex_);
+      // Counted idle only while blocked: the predicate is checked under the lock first.
+      ++idle_workers_;
+      populated_->notify_all();
       wake_->wait(lock, [&] { return stopping_ || (active_ && next_chunk_within_window()); });
+      --idle_workers_;
       if (stopping_) return;
       rest = chunks_[next_chunk_++];
     }

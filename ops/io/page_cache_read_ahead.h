@@ -90,6 +90,10 @@ class PageCacheReadAhead {
   PopulateMethod method() const { return method_.load(); }
   // "MADV_POPULATE_READ, 4 workers" or the like, for stats()["backend"].
   std::string description() const;
+  // Returns once every worker waits with nothing it may populate (within the window, past the
+  // floor): a point the caller controls, after which the counts below stay as they are until it
+  // calls advance(), restart() or settle_before() again. Not after a fork. Any thread.
+  void wait_until_idle();
   uint64_t chunks_populated() const { return chunks_populated_.load(); }
   uint64_t bytes_populated() const { return bytes_populated_.load(); }
 
@@ -137,6 +141,7 @@ class PageCacheReadAhead {
   size_t next_chunk_ = 0;            // guarded by mutex_
   uint64_t position_ = 0;            // guarded by mutex_
   bool stopping_ = false;            // guarded by mutex_
+  int idle_workers_ = 0;             // guarded by mutex_: waiting with nothing to populate
   bool active_ = false;  // guarded by mutex_: a pass began (nothing is populated before)
   std::atomic<PopulateMethod> method_;
   std::atomic<uint64_t> chunks_populated_{0};
