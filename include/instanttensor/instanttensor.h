@@ -141,9 +141,11 @@ class Loader;  // the engine behind SafeOpen (ops/loader/loader.h)
 // Host iteration (copy=true and copy=false without a named backend): tensors are views of a
 // private mapping of the file. One still referenced when the pass moves on stays a view under a
 // read lease on the file (stats().leased_views): a writer's open or truncation waits until its
-// pages are private copies at the same address, so it never changes and never raises SIGBUS; a
-// forked child copies them at the fork. Where the kernel refuses the lease it is copied out
-// instead (stats().materializations).
+// pages are private copies at the same address, so it never changes and never raises SIGBUS. A
+// fork copies nothing: a forked child's kept views share the parent's pages, unprotected there
+// (a rewrite of the file shows in them, as in safetensors' tensors). Where the kernel refuses the
+// lease, or 64 files are leased already, it is copied out instead (stats().materializations).
+// A storage the consumer repointed (share_memory_, set_, resize_) is never touched again.
 class SafeOpen {
  public:
   // Opens and validates every file. Throws Error (NotFound, Permission, Io, Format, Argument,

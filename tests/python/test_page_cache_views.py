@@ -275,35 +275,39 @@ def test_a_forked_child_takes_no_lease_of_its_own(small_shards, kept_as):
 
 @pytest.mark.parametrize("copy", COPIES)
 def test_a_tensor_handed_to_another_thread_stays_right(checkpoint, copy, kept_as):
+    # The other thread reads it while the pass goes on (after the pass moved past it, when it was
+    # kept), and again after the file is rewritten.
     path, tensors = checkpoint
     handed = []
-    ready = threading.Event()
-    check = threading.Event()
+    read_now = threading.Semaphore(0)
+    done_reading = threading.Semaphore(0)
     results = []
 
     def other_thread():
-        ready.wait()
-        check.wait()
-        name, tensor = handed[0]
-        results.append(same_bytes(tensor, tensors[name]))
+        for _ in range(2):
+            read_now.acquire()
+            name, tensor = handed[0]
+            results.append(same_bytes(tensor, tensors[name]))
+            done_reading.release()
 
     thread = threading.Thread(target=other_thread)
     thread.start()
-    with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
-        iteration = f.tensors()
-        handed.append(next(iteration))
-        ready.set()
-        try:
-            for _ in iteration:
-                pass
+    try:
+        with instanttensor.safe_open(path, copy=copy, concurrency=2) as f:
+            iteration = f.tensors()
+            handed.append(next(iteration))
+            for step, _ in enumerate(iteration):
+                if step == 2:  # the pass is two tensors past the one handed over
+                    read_now.release()
+                    done_reading.acquire()
             # The tensor handed over, and the last one, which `_` still binds at the pass's end
             # (copied: read into owned memory beside the pass instead).
             _expect_kept(f.stats(), kept_as, leased=2, copied=1)
             _rewrite_in_place(path)
-        finally:
-            check.set()
-            thread.join()
-    assert results == [True]
+    finally:
+        read_now.release()
+        thread.join()
+    assert results == [True, True]
 
 
 @pytest.mark.parametrize("copy", COPIES)
