@@ -25,6 +25,7 @@
 #include "loader/walk/alone_walk.h"
 #include "loader/walk/exchanging_walk.h"
 #include "loader/walk/in_step_walk.h"
+#include "plan/host_policy.h"
 #include "plan/memory_plan.h"
 
 namespace instanttensor {
@@ -252,43 +253,18 @@ std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::Mapped
     return std::make_unique<loader::MappedPass>(plan_, *io_, memory_->factory(), stats_);
   }
   if (mode.host_views) {
+    plan::HostPolicyInputs in;
+    in.selected_bytes = plan_.reads.total_bytes;
+    in.memory_bytes = io::memory_limit_bytes();
+    in.mostly_cached = io_->mostly_resident();
+    in.alone_on_host = alone_on_host;
+    in.concurrency = options_.concurrency;
+    const plan::HostPolicy policy = plan::choose_host_policy(in);
     io::ReadAheadPolicy read_ahead;
-    read_ahead.workers = options_.concurrency ? options_.concurrency : plan::defaults::kConcurrency;
-    if (!options_.concurrency) {
-      // Small checkpoints: starting workers costs more than the reads; the consumer's thread
-      // only advises the kernel to fetch them, every file at once, if they are not cached.
-      if (plan_.reads.total_bytes <= kInlineReadBytes) {
-        read_ahead.workers = 0;
-        read_ahead.advise_inline = true;
-      }
-      // Files in the page cache: populating maps pages the consumer's own faults map as fast
-      // (16 at a time), and on few cores the workers take the consumer's time (1 GB warm:
-      // 0.35-0.5 s with 2-4 workers against 0.13 s with none).
-      if (io_->mostly_resident()) read_ahead = io::ReadAheadPolicy{};
-    }
-    // A consumer that copies what it loads needs as many bytes again: a checkpoint larger than
-    // half of memory cannot stay cached beside its weights, whether cached now or not, so the
-    // pass reads its pages once (the views the consumer keeps excepted). Smaller ones keep the
-    // kernel's recency, which keeps them cached for the next load. Small ones never ask.
-    // One larger than memory is never found cached by a next load (reading it from the start
-    // evicts its own end first): read alone, its pages are dropped behind the consumer, which
-    // spares the kernel's reclaim (30 GB on 23.5 GiB: 1.8-2.7 million pages reclaimed per load,
-    // none dropped; benchmarks/README.md).
-    const uint64_t bytes = plan_.reads.total_bytes;
-    const uint64_t memory = io::memory_limit_bytes();
-    auto cache_use = loader::CacheUse::Keep;
-    if (bytes > kInlineReadBytes && bytes > memory / 2) {
-      cache_use = bytes > memory && alone_on_host ? loader::CacheUse::ReadOnceAndDrop
-                                                  : loader::CacheUse::ReadOnce;
-      // Read once (its mapping in 2 MiB folios: PageCacheViews::advise_read_once), a checkpoint
-      // kept cached behind the consumer has its window advised rather than populated: advice
-      // returns once the reads are queued, so the whole window's reads stay queued (15 GB cold:
-      // 2.27-2.35 GB/s against 1.93-1.99 populated). One dropped behind it populates (30 GB:
-      // 2.65-2.67 against 1.69 advised; benchmarks/README.md). Smaller ones populate too.
-      if (cache_use == loader::CacheUse::ReadOnce) {
-        read_ahead.method = io::PopulateMethod::WillNeed;
-      }
-    }
+    read_ahead.workers = policy.workers;
+    read_ahead.advise_inline = policy.advise_inline;
+    if (policy.advise) read_ahead.method = io::PopulateMethod::WillNeed;
+    const auto cache_use = policy.cache_use;
     return std::make_unique<loader::ViewPass>(plan_, std::move(mapping), memory_->factory(), stats_,
                                               plan_.memory.buffer_size, read_ahead, cache_use);
   }

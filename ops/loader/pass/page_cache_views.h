@@ -19,23 +19,12 @@
 #include "loader/access/tensor_factory.h"
 #include "loader/pass/kept_views.h"
 #include "loader/pass/pass_state.h"
+#include "plan/host_policy.h"
 
 namespace instanttensor::loader {
 
-// What a pass does with the page cache behind its consumer.
-enum class CacheUse {
-  // The kernel's recency: a checkpoint that fits keeps its pages cached for the next load.
-  Keep,
-  // A checkpoint larger than half of memory, which cannot stay cached beside the weights loaded
-  // from it: its mappings are advised MADV_SEQUENTIAL, so the pages unmapped behind the consumer
-  // leave the cache before the rest of it (a working set the system uses).
-  ReadOnce,
-  // ReadOnce, for a checkpoint larger than memory with no other rank on this host: the pages
-  // behind the consumer are also dropped from the page cache (POSIX_FADV_DONTNEED), so the
-  // kernel's reclaim never has to find them. Not with ranks on this host, which may not have
-  // read them yet; not for a smaller checkpoint, whose pages a next load may find.
-  ReadOnceAndDrop,
-};
+// What a pass does with the page cache behind its consumer (plan/host_policy.h chooses).
+using CacheUse = plan::CacheUse;
 
 // A private mapping of every file of `checkpoint`, for PageCacheViews: made when the mode is
 // chosen, before the memory plan, so a file that cannot be mapped (Error(Io) naming it) leaves

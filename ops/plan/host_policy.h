@@ -1,0 +1,45 @@
+// The host policy of a pass over views of the page cache: who brings the pages in, how, and what
+// becomes of the page cache behind the consumer. Chosen once at open by a pure function, so the
+// decision is one table (tests/cpp/test_host_policy.cpp) instead of branches in the loader.
+// Torch-free.
+#pragma once
+
+#include <cstdint>
+
+namespace instanttensor::plan {
+
+// What a pass does with the page cache behind its consumer.
+enum class CacheUse {
+  // The kernel's recency: a checkpoint that fits keeps its pages cached for the next load.
+  Keep,
+  // A checkpoint larger than half of memory, which cannot stay cached beside the weights loaded
+  // from it: its mappings are advised MADV_SEQUENTIAL (and MADV_HUGEPAGE), so the pages unmapped
+  // behind the consumer leave the cache before the rest of it (a working set the system uses).
+  ReadOnce,
+  // ReadOnce, for a checkpoint larger than memory with no other process of the launch on this
+  // host: the pages behind the consumer are also dropped from the page cache
+  // (POSIX_FADV_DONTNEED), so the kernel's reclaim never has to find them. Not with ranks on this
+  // host, which may not have read them yet; not for a smaller checkpoint, whose pages a next
+  // load may find.
+  ReadOnceAndDrop,
+};
+
+struct HostPolicyInputs {
+  uint64_t selected_bytes = 0;  // the bytes the pass reads
+  uint64_t memory_bytes = 0;    // the machine's memory, or its cgroup's limit if lower
+  bool mostly_cached = false;   // the files are (mostly) in the page cache already
+  bool alone_on_host = true;    // no other rank or launcher process on this host
+  int concurrency = 0;          // the caller's explicit worker count (0: choose)
+};
+
+struct HostPolicy {
+  int workers = 0;             // read-ahead threads populating the window
+  bool advise_inline = false;  // no workers: the consumer's thread advises MADV_WILLNEED
+  bool advise = false;         // workers advise (MADV_WILLNEED) rather than populate
+  CacheUse cache_use = CacheUse::Keep;
+};
+
+// Any thread; pure. The reasons and the figures behind each threshold: host_policy.cpp.
+HostPolicy choose_host_policy(const HostPolicyInputs& in);
+
+}  // namespace instanttensor::plan

@@ -1,0 +1,72 @@
+// The host policy (plan/host_policy.h) as a table: checkpoint size against memory, cached or not,
+// alone on the host or not, an explicit worker count, against what the views pass then does.
+#include <gtest/gtest.h>
+
+#include "plan/defaults.h"
+#include "plan/host_policy.h"
+
+namespace instanttensor::plan {
+namespace {
+
+constexpr uint64_t MiB = 1ull << 20;
+constexpr uint64_t GiB = 1ull << 30;
+
+struct Row {
+  const char* what;
+  uint64_t bytes;
+  uint64_t memory;
+  bool cached;
+  bool alone;
+  int concurrency;
+  int workers;
+  bool advise_inline;
+  bool advise;
+  CacheUse cache_use;
+};
+
+TEST(HostPolicy, EveryCaseOfTheTable) {
+  const int d = defaults::kConcurrency;
+  const Row rows[] = {
+      {"small, cold: the consumer advises, no worker", 4 * MiB, 24 * GiB, false, true, 0, 0, true,
+       false, CacheUse::Keep},
+      {"small, cached: nothing to do", 4 * MiB, 24 * GiB, true, true, 0, 0, false, false,
+       CacheUse::Keep},
+      {"small, explicit workers: they are started", 4 * MiB, 24 * GiB, false, true, 3, 3, false,
+       false, CacheUse::Keep},
+      {"at the inline limit: still inline", defaults::kInlineReadBytes, 8 * MiB, false, true, 0, 0,
+       true, false, CacheUse::Keep},
+      {"1 GB cold: workers populate, kept cached", GiB, 24 * GiB, false, true, 0, d, false, false,
+       CacheUse::Keep},
+      {"1 GB cached: no workers", GiB, 24 * GiB, true, true, 0, 0, false, false, CacheUse::Keep},
+      {"half of memory exactly: kept", 12 * GiB, 24 * GiB, false, true, 0, d, false, false,
+       CacheUse::Keep},
+      {"over half of memory: read once, advised", 15 * GiB, 24 * GiB, false, true, 0, d, false,
+       true, CacheUse::ReadOnce},
+      {"over half, cached: read once, no workers", 15 * GiB, 24 * GiB, true, true, 0, 0, false,
+       true, CacheUse::ReadOnce},
+      {"over memory, alone: dropped behind, populated", 30 * GiB, 24 * GiB, false, true, 0, d,
+       false, false, CacheUse::ReadOnceAndDrop},
+      {"over memory, other ranks here: read once only", 30 * GiB, 24 * GiB, false, false, 0, d,
+       false, true, CacheUse::ReadOnce},
+      {"over memory, explicit workers", 30 * GiB, 24 * GiB, true, true, 2, 2, false, false,
+       CacheUse::ReadOnceAndDrop},
+      {"a cgroup's small limit counts as memory", 64 * MiB, 96 * MiB, false, true, 0, d, false,
+       true, CacheUse::ReadOnce},
+  };
+  for (const auto& row : rows) {
+    HostPolicyInputs in;
+    in.selected_bytes = row.bytes;
+    in.memory_bytes = row.memory;
+    in.mostly_cached = row.cached;
+    in.alone_on_host = row.alone;
+    in.concurrency = row.concurrency;
+    const HostPolicy policy = choose_host_policy(in);
+    EXPECT_EQ(policy.workers, row.workers) << row.what;
+    EXPECT_EQ(policy.advise_inline, row.advise_inline) << row.what;
+    EXPECT_EQ(policy.advise, row.advise) << row.what;
+    EXPECT_EQ(policy.cache_use, row.cache_use) << row.what;
+  }
+}
+
+}  // namespace
+}  // namespace instanttensor::plan
