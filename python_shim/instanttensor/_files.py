@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -11,8 +11,8 @@ from ._device import DeviceLike
 from ._errors import (SafetensorNotImplementedError, SafetensorRuntimeError, SafetensorTypeError,
                       SafetensorValueError, engine_errors)
 from ._safe_open import LoadIntoResult, safe_open
+from ._paths import PathLike
 
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 def load_file(filename: PathLike, device: DeviceLike = "cpu", *,

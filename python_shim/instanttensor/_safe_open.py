@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, NamedTuple, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -16,11 +16,11 @@ from ._errors import (SafetensorFileNotFoundError, SafetensorTypeError, Safetens
                       engine_errors, translate_error)
 from ._frameworks import as_framework, framework_of
 from ._selection import Selection
+from ._paths import PathLike
 
 if TYPE_CHECKING:  # imported by get_slice on first use: `import instanttensor` stays cheap
     from ._slicing import SafeSlice
 
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _paths(filename: PathLike | Sequence[PathLike]) -> list[str]:

@@ -11,24 +11,16 @@ import ctypes
 import operator
 import os
 import struct
-from typing import Any, Mapping, NamedTuple, Sequence, Union
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import torch
 
 from ._errors import SafetensorTypeError, SafetensorValueError, engine_errors
 from ._library import load_library
+from ._dtypes import torch_to_format
+from ._paths import PathLike
 
-PathLike = Union[str, "os.PathLike[str]"]
 
-# Constructor-style dtype names (numpy's and torch's attribute names) -> safetensors format codes:
-# the names the reference's TensorSpec accepts.
-_SPEC_DTYPES = {
-    "bool": "BOOL", "int8": "I8", "uint8": "U8", "int16": "I16", "uint16": "U16",
-    "int32": "I32", "uint32": "U32", "int64": "I64", "uint64": "U64", "float16": "F16",
-    "float32": "F32", "float64": "F64", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
-    "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2": "F8_E5M2", "float8_e5m2fnuz": "F8_E5M2FNUZ",
-    "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4", "complex64": "C64",
-}
 # The reference's cap on the header length; deserialize copies at most this much of a buffer.
 _MAX_HEADER_BYTES = 100_000_000
 
@@ -47,10 +39,12 @@ class TensorSpec:
     __slots__ = ("_dtype", "_shape", "_data_ptr", "_data_len")
 
     def __init__(self, *, dtype: str, shape: Sequence[int], data_ptr: int, data_len: int) -> None:
-        code = _SPEC_DTYPES.get(dtype) if isinstance(dtype, str) else None
+        # Constructor-style names (numpy's and torch's attribute names): the engine's table.
+        names = torch_to_format()
+        code = names.get(dtype) if isinstance(dtype, str) else None
         if code is None:
             raise SafetensorValueError(
-                f"Unknown dtype {dtype!r}. Supported dtypes: {', '.join(_SPEC_DTYPES)}")
+                f"Unknown dtype {dtype!r}. Supported dtypes: {', '.join(names)}")
         dims = [_non_negative("shape", d) for d in shape]
         if code == "F4" and dims:
             dims[-1] *= 2  # two F4 values per byte: the header counts values

@@ -13,18 +13,26 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
+from ._dtypes import torch_to_format
 from ._errors import SafetensorTypeError, SafetensorValueError
 from ._safe_open import safe_open
 from ._serialize import TensorSpec, deserialize, parse_buffer, serialize, serialize_file  # noqa: F401
 
 __all__ = ["load", "load_file", "save", "save_file"]
 
-# Format codes -> numpy types: the ones numpy can hold (the reference's table).
-_TYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "U64": np.uint64,
-    "I32": np.int32, "U32": np.uint32, "I16": np.int16, "U16": np.uint16, "I8": np.int8,
-    "U8": np.uint8, "BOOL": np.bool_, "C64": np.complex64,
-}
+def _numpy_types() -> Dict[str, Any]:
+    """Format codes -> numpy types, for the engine's dtypes numpy can hold (no bfloat16, float8
+    or float4)."""
+    types = {}
+    for torch_name, code in torch_to_format().items():
+        try:
+            types[code] = np.dtype(torch_name).type
+        except TypeError:
+            continue
+    return types
+
+
+_TYPES = _numpy_types()
 
 
 def _specs(tensor_dict: Dict[str, np.ndarray], keep_alive: List[Any]) -> Dict[str, TensorSpec]:
