@@ -96,10 +96,10 @@ class Loader {
   // The pass for the mode (over `mapping` for host views), then the walk that drives it.
   void compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
                      std::shared_ptr<const io::MappedFiles> mapping);
-  // `rank`: this rank's, for a pass that exchanges; `alone_on_host`: no other rank of the group
+  // The pass of a load that exchanges nothing. `alone_on_host`: no other rank of the group
   // reads this host's page cache (the handshake found none; without a handshake, a group of
   // one, or no group and no launcher stating other processes on this host).
-  std::unique_ptr<loader::Pass> make_pass(std::shared_ptr<const io::MappedFiles> mapping, int rank,
+  std::unique_ptr<loader::Pass> make_pass(std::shared_ptr<const io::MappedFiles> mapping,
                                           bool alone_on_host);
 
   // Throws when closed; in a forked child, leaves the parent's work behind first (once).

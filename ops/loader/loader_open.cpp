@@ -1,6 +1,5 @@
 // Opening a checkpoint: options, the load mode, the exchange's handshake, the memory and read
 // plans, the read workers, and the parts composed for the mode.
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -36,14 +35,6 @@ using loader::seconds_since;
 namespace {
 
 constexpr uint64_t kRingAlignment = 64;
-using plan::defaults::kInlineReadBytes;
-
-// Accelerators: "cuda" means the current device, resolved now, so the loader's stream and every
-// tensor handed out carry a concrete index.
-c10::Device with_index(c10::Device device) {
-  if (device.is_cpu() || device.has_index()) return device;
-  return c10::impl::getDeviceGuardImpl(device.type())->getDevice();
-}
 
 }  // namespace
 
@@ -53,7 +44,6 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   // already when the Python layer matched a tensor_filter against the names.
   auto kept = format::take_kept_checkpoint(files);
   options_ = loader::resolve_options(options);
-  options_.device = with_index(options_.device);
   if (!options.device_budget) {
     options_.device_budget = loader::default_device_budget(options_.device, options_.free_share);
   }
@@ -221,55 +211,42 @@ void Loader::size_and_plan(std::vector<size_t> selected, int world) {
 }
 
 void Loader::start_reads(int local_ranks) {
-  int threads = options_.concurrency ? options_.concurrency : plan::defaults::kConcurrency;
-  if (!options_.concurrency && !io_->direct() && io_->mostly_resident()) {
-    // Buffered reads of cached files (and copies from a mapping) are memory copies done by the
-    // CPU: more workers than cores only contend (on page faults of fresh memory above all).
-    // Reads that wait on the storage (O_DIRECT, or buffered reads of files not cached) keep
-    // the default depth: buffered cold reads measured 1.12 s with 2 workers against 0.58 s
-    // with 4 (1 GB, one process). Ranks of one host keep this count each: splitting the cores
-    // among them (1 worker each on 2 cores) measured 1.16 s against 0.85 s warm (2 ranks,
-    // 1 GB).
-    // Counted once per process: each count reads /sys/devices/system/cpu/online (three system
-    // calls per open of a small file).
-    static const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    if (cores > 0) threads = std::min(threads, cores);
-  }
-  // Small checkpoints read on the consumer's thread: starting and joining workers would cost
-  // more than the reads (100 files of 256 KB: ~0.4 ms per open). An explicit concurrency wins.
-  if (!options_.concurrency && !plan_.mode.exchanging() &&
-      plan_.reads.total_bytes <= kInlineReadBytes) {
-    threads = 0;
-  }
+  // Cores counted once per process: each count reads /sys/devices/system/cpu/online (three
+  // system calls per open of a small file).
+  static const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const bool direct = io_->direct();
+  const plan::ReadThreadInputs in{plan_.reads.total_bytes,
+                                  direct,
+                                  !options_.concurrency && !direct && io_->mostly_resident(),
+                                  plan_.mode.exchanging(),
+                                  options_.concurrency,
+                                  cores};
+  const int threads = plan::choose_read_threads(in);
   if (local_ranks > 1) io_->add_note(c10::str(local_ranks, " ranks on this host"));
   int depth = options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_);
 }
 
 std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::MappedFiles> mapping,
-                                                int rank, bool alone_on_host) {
+                                                bool alone_on_host) {
   const auto& mode = plan_.mode;
   if (mode.mapped_iteration) {
     return std::make_unique<loader::MappedPass>(plan_, *io_, memory_->factory(), stats_);
   }
   if (mode.host_views) {
-    plan::HostPolicyInputs in;
-    in.selected_bytes = plan_.reads.total_bytes;
-    in.memory_bytes = io::memory_limit_bytes();
-    in.mostly_cached = io_->mostly_resident();
-    in.alone_on_host = alone_on_host;
-    in.concurrency = options_.concurrency;
+    const plan::HostPolicyInputs in{plan_.reads.total_bytes, io::memory_limit_bytes(),
+                                    !options_.concurrency && io_->mostly_resident(), alone_on_host,
+                                    options_.concurrency};
     const plan::HostPolicy policy = plan::choose_host_policy(in);
-    io::ReadAheadPolicy read_ahead;
-    read_ahead.workers = policy.workers;
-    read_ahead.advise_inline = policy.advise_inline;
-    if (policy.advise) read_ahead.method = io::PopulateMethod::WillNeed;
-    const auto cache_use = policy.cache_use;
+    const io::ReadAheadPolicy read_ahead{
+        policy.workers, policy.advise_inline,
+        policy.advise ? io::PopulateMethod::WillNeed : io::PopulateMethod::PopulateRead};
     return std::make_unique<loader::ViewPass>(plan_, std::move(mapping), memory_->factory(), stats_,
-                                              plan_.memory.buffer_size, read_ahead, cache_use);
+                                              plan_.memory.buffer_size, read_ahead,
+                                              policy.cache_use);
   }
   return std::make_unique<loader::ReadPass>(plan_, *reads_, *memory_, options_.device,
-                                            options_.copy, rank, stats_);
+                                            options_.copy, /*rank=*/0, stats_);
 }
 
 void Loader::compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
@@ -288,13 +265,18 @@ void Loader::compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
                            : group  ? group->getSize() <= 1
                                     : true;
   const bool alone_on_host = group_alone && loader::launcher_local_ranks() == 1;
-  pass_ = make_pass(std::move(mapping), mode.exchanging() ? exchange->rank() : 0, alone_on_host);
+  if (mode.exchanging()) {
+    // Only the read pass exchanges (the mode table gives ranks that exchange no views): made
+    // here as such, so the walk gets it with its type, never by a cast.
+    auto read = std::make_unique<loader::ReadPass>(plan_, *reads_, *memory_, options_.device,
+                                                   options_.copy, exchange->rank(), stats_);
+    walk_ = std::make_unique<loader::ExchangingWalk>(*read, std::move(exchange), stats_);
+    pass_ = std::move(read);
+    return;
+  }
+  pass_ = make_pass(std::move(mapping), alone_on_host);
   if (!mode.in_step) {
     walk_ = std::make_unique<loader::AloneWalk>(*pass_);
-  } else if (mode.exchanging()) {
-    // Only the read pass exchanges: the mode table gives ranks that exchange no views.
-    walk_ = std::make_unique<loader::ExchangingWalk>(static_cast<loader::ReadPass&>(*pass_),
-                                                     std::move(exchange), stats_);
   } else {
     std::vector<uint64_t> item_bytes;
     for (size_t index : plan_.reads.items) {

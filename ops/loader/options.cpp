@@ -1,5 +1,7 @@
 #include "loader/options.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -180,7 +182,12 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
         "a device with memory (the CPU or an accelerator); for shapes only, "
         "get_tensor_metadata");
   }
+  // Accelerators: "cuda" means the current device, resolved now, so the loader's stream and
+  // every tensor handed out carry a concrete index.
   resolved.device = options.device;
+  if (!resolved.device.is_cpu() && !resolved.device.has_index()) {
+    resolved.device = c10::impl::getDeviceGuardImpl(resolved.device.type())->getDevice();
+  }
   resolved.copy = options.copy;
   resolved.keys = options.keys;
   resolved.buffer_size =

@@ -42,4 +42,18 @@ struct HostPolicy {
 // Any thread; pure. The reasons and the figures behind each threshold: host_policy.cpp.
 HostPolicy choose_host_policy(const HostPolicyInputs& in);
 
+// The read path's worker count (a pass that reads into loader memory: a named backend, an
+// accelerator, the exchange).
+struct ReadThreadInputs {
+  uint64_t selected_bytes = 0;
+  bool direct = false;         // O_DIRECT reads, which wait on the storage
+  bool mostly_cached = false;  // buffered reads of files in the page cache: memory copies
+  bool exchanging = false;     // ranks exchange bytes (their walks need the workers)
+  int concurrency = 0;         // the caller's explicit count (0: choose)
+  int cores = 0;               // online cores (0: unknown)
+};
+
+// Any thread; pure.
+int choose_read_threads(const ReadThreadInputs& in);
+
 }  // namespace instanttensor::plan

@@ -68,5 +68,35 @@ TEST(HostPolicy, EveryCaseOfTheTable) {
   }
 }
 
+TEST(ReadThreads, EveryCaseOfTheTable) {
+  const int d = defaults::kConcurrency;
+  struct ThreadRow {
+    const char* what;
+    uint64_t bytes;
+    bool direct, cached, exchanging;
+    int concurrency, cores, threads;
+  };
+  const ThreadRow rows[] = {
+      {"cold buffered: the default depth", GiB, false, false, false, 0, 2, d},
+      {"O_DIRECT: the default depth", GiB, true, true, false, 0, 2, d},
+      {"cached buffered: at most the cores", GiB, false, true, false, 0, 2, 2},
+      {"cached buffered, cores unknown: the default", GiB, false, true, false, 0, 0, d},
+      {"cached buffered, more cores than the default", GiB, false, true, false, 0, 64, d},
+      {"small: the consumer's thread", 4 * MiB, false, false, false, 0, 2, 0},
+      {"small but exchanging: workers", 4 * MiB, false, false, true, 0, 2, d},
+      {"explicit: as asked", 4 * MiB, false, true, false, 7, 2, 7},
+  };
+  for (const auto& row : rows) {
+    ReadThreadInputs in;
+    in.selected_bytes = row.bytes;
+    in.direct = row.direct;
+    in.mostly_cached = row.cached;
+    in.exchanging = row.exchanging;
+    in.concurrency = row.concurrency;
+    in.cores = row.cores;
+    EXPECT_EQ(choose_read_threads(in), row.threads) << row.what;
+  }
+}
+
 }  // namespace
 }  // namespace instanttensor::plan
