@@ -230,10 +230,10 @@ void Loader::start_reads(int local_ranks) {
 std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::MappedFiles> mapping,
                                                 bool alone_on_host) {
   const auto& mode = plan_.mode;
-  if (mode.mapped_iteration) {
+  if (mode.pass_kind() == plan::PassKind::Mapped) {
     return std::make_unique<loader::MappedPass>(plan_, *io_, memory_->factory(), stats_);
   }
-  if (mode.host_views) {
+  if (mode.pass_kind() == plan::PassKind::PageCacheViews) {
     const plan::HostPolicyInputs in{plan_.reads.total_bytes, io::memory_limit_bytes(),
                                     !options_.concurrency && io_->mostly_resident(), alone_on_host,
                                     options_.concurrency};
@@ -265,7 +265,7 @@ void Loader::compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
                            : group  ? group->getSize() <= 1
                                     : true;
   const bool alone_on_host = group_alone && loader::launcher_local_ranks() == 1;
-  if (mode.exchanging()) {
+  if (mode.walk_kind() == plan::WalkKind::Exchanging) {
     // Only the read pass exchanges (the mode table gives ranks that exchange no views): made
     // here as such, so the walk gets it with its type, never by a cast.
     auto read = std::make_unique<loader::ReadPass>(plan_, *reads_, *memory_, options_.device,
@@ -275,7 +275,7 @@ void Loader::compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
     return;
   }
   pass_ = make_pass(std::move(mapping), alone_on_host);
-  if (!mode.in_step) {
+  if (mode.walk_kind() == plan::WalkKind::Alone) {
     walk_ = std::make_unique<loader::AloneWalk>(*pass_);
   } else {
     std::vector<uint64_t> item_bytes;

@@ -57,6 +57,13 @@ struct LoadModeInputs {
   int hosts = 1;
 };
 
+// How a pass gets its bytes (loader/pass/): reads into loader memory, views of the page cache,
+// or views of the file mapping for their whole life (mmap + borrow).
+enum class PassKind { Read, PageCacheViews, Mapped };
+// How the ranks walk a pass (loader/walk/): alone, in step with status rounds, or exchanging
+// bytes in step.
+enum class WalkKind { Alone, InStep, Exchanging };
+
 struct LoadMode {
   bool accelerator = false;       // the target is an accelerator (not the CPU)
   bool staged = false;            // reads go through the staging ring to the target's memory
@@ -77,6 +84,15 @@ struct LoadMode {
   ExchangeReason reason = ExchangeReason::SingleProcess;
 
   bool exchanging() const { return exchange != ExchangePlace::Local; }
+  // The pass and the walk the open composes: one value each, from the flags above.
+  PassKind pass_kind() const {
+    return mapped_iteration ? PassKind::Mapped
+           : host_views     ? PassKind::PageCacheViews
+                            : PassKind::Read;
+  }
+  WalkKind walk_kind() const {
+    return !in_step ? WalkKind::Alone : exchanging() ? WalkKind::Exchanging : WalkKind::InStep;
+  }
   // Whether a group is read as rank shares in units (the staged path and the exchanges) rather
   // than as one read into its destination.
   bool uses_shares(Destination where) const;

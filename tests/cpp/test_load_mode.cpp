@@ -148,6 +148,14 @@ TEST(LoadMode, TheExchangeIsChosenByCost) {
     EXPECT_EQ(mode.exchange, row.exchange);
     EXPECT_EQ(mode.in_step, row.in_step);
     EXPECT_EQ(plan::describe_exchange(mode), row.described);
+    // The walk the open composes for it.
+    EXPECT_EQ(mode.walk_kind(), !row.in_step ? plan::WalkKind::Alone
+                                : row.exchange != plan::ExchangePlace::Local
+                                    ? plan::WalkKind::Exchanging
+                                    : plan::WalkKind::InStep);
+    if (mode.walk_kind() == plan::WalkKind::Exchanging) {  // only the read pass exchanges
+      EXPECT_EQ(mode.pass_kind(), plan::PassKind::Read);
+    }
   }
 }
 
@@ -220,6 +228,9 @@ TEST(LoadMode, HostViewsWhereAHostTargetReadsAlone) {
     SCOPED_TRACE(row.what);
     plan::LoadMode mode = plan::choose_load_mode(row.in);
     EXPECT_EQ(mode.host_views, row.host_views);
+    EXPECT_EQ(mode.pass_kind(), mode.mapped_iteration ? plan::PassKind::Mapped
+                                : row.host_views      ? plan::PassKind::PageCacheViews
+                                                      : plan::PassKind::Read);
     if (mode.host_views) {  // a fallback to the read path places as the mode says
       EXPECT_EQ(mode.destination_of(1, UINT64_MAX),
                 mode.ring ? plan::Destination::HostRing : plan::Destination::HostOwned);
