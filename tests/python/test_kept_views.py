@@ -285,3 +285,38 @@ def test_20000_kept_views_of_one_file_leave_one_map_area(tmp_path, monkeypatch, 
         assert len(areas) <= 2, len(areas)
         assert all(kept[f"t{i:05d}"][3].item() == float(i) for i in range(0, 20000, 997))
         assert stats["leased_views"] == (20000 if kept_as == "leased" else 0)
+
+
+def test_a_kept_view_with_no_memory_for_its_copy_is_an_out_of_memory_error(tmp_path,
+                                                                           monkeypatch):
+    # Leases refused, the address space capped after the first step: the copy of the view kept
+    # past its step cannot be made. The step raises torch's OutOfMemoryError naming the file and
+    # the tensor; the view stays a view of the file (its bytes right), the handle closes.
+    monkeypatch.setenv("INSTANTTENSOR_TESTING_NO_LEASE", "1")
+    torch.manual_seed(3)
+    tensors = {f"t{i}": torch.randn(8 << 20) for i in range(3)}  # 32 MiB each
+    path = str(tmp_path / "model.safetensors")
+    reference_save(tensors, path)
+
+    def body():
+        with instanttensor.safe_open(path, concurrency=2) as f:
+            iteration = f.tensors()
+            name, kept = next(iteration)
+            _, following = next(iteration)  # the tail (the last tensor) is read owned by now
+            with open("/proc/self/status") as status:
+                vm_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize"))
+            headroom = 16 << 20  # less than the 32 MiB copy
+            resource.setrlimit(resource.RLIMIT_AS, (vm_kb * 1024 + headroom, resource.RLIM_INFINITY))
+            try:
+                next(iteration)
+            except torch.OutOfMemoryError as error:
+                message = str(error)
+            else:
+                return "no error"
+            finally:
+                resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY,) * 2)
+            assert path in message and name in message and "no memory" in message, message
+            assert same_bytes(kept, tensors[name])
+        return "ok"
+
+    _ok(in_child(body, timeout=60))
