@@ -36,6 +36,9 @@ def in_child(body, timeout=20) -> tuple[int, str]:
     if pid == 0:  # the child: report, never return into pytest
         os.close(read_end)
         signal.alarm(timeout)
+        # As DataLoader's workers do: torch's OpenMP pool, used by the parent (earlier tests),
+        # cannot run in a forked child (it waits for threads that do not exist there).
+        torch.set_num_threads(1)
         code = 0
         try:
             message = body()

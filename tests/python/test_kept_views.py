@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import resource
+import signal
 import threading
 
 import pytest
@@ -70,16 +71,20 @@ def test_a_kept_tensor_sent_through_a_multiprocessing_queue(checkpoint, kept_as,
         to_child, to_parent = ctx.SimpleQueue(), ctx.SimpleQueue()  # pickled in put(): no thread
         child = ctx.Process(target=_add_one_and_report, args=(to_child, to_parent))
         child.start()
-        with instanttensor.safe_open(path, concurrency=2) as f:
-            iteration = f.tensors()
-            name, first = next(iteration)
-            to_child.put(first)  # shared now, during its step
-            rest = dict(iteration)  # the pass moves on while the child holds it
-        child_sum = to_parent.get()
-        to_child.put("go")  # the child writes now
-        assert to_parent.get() == "written"
-        child.join(60)
-        assert child.exitcode == 0, child.exitcode
+        try:
+            with instanttensor.safe_open(path, concurrency=2) as f:
+                iteration = f.tensors()
+                name, first = next(iteration)
+                to_child.put(first)  # shared now, during its step
+                rest = dict(iteration)  # the pass moves on while the child holds it
+            child_sum = to_parent.get()
+            to_child.put("go")  # the child writes now
+            assert to_parent.get() == "written"
+            child.join(60)
+            assert child.exitcode == 0, child.exitcode
+        finally:
+            if child.is_alive():  # a failure above: never leave it waiting on the queue
+                child.kill()
         assert child_sum == float(tensors[name].double().sum())
         assert torch.equal(first, tensors[name] + 1)
         assert all(same_bytes(rest[n], tensors[n]) for n in rest)
@@ -172,6 +177,8 @@ def test_a_rewrite_after_a_fork_reaches_a_child_s_leased_views_as_safetensors_te
     if pid == 0:
         code = 1
         try:
+            signal.alarm(60)  # a hang fails the test instead of the suite
+            torch.set_num_threads(1)  # the parent's OpenMP pool cannot run here (test_fork.py)
             os.close(write_end)
             os.read(read_end, 1)  # the parent rewrote the file
             rewritten = torch.full((256 * 1024 * 4,), 0x7F, dtype=torch.uint8)
