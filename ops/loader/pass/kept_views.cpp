@@ -91,8 +91,16 @@ std::optional<Error> KeptViews::release(size_t keep_item) noexcept {
     // was repointed (share_memory_, set_, pickling): torch's now, never touched again.
     if (view.storage.use_count() == 1 || !still_ours(view)) continue;
     if (keep_under_lease(view)) continue;
-    auto error = make_owned(view);
-    if (error && !first) first = std::move(error);
+    std::optional<Error> error;
+    const bool owned = make_owned(view, error);
+    const bool report = owned || !view.copy_failed;  // no memory: said once
+    if (error && report && !first) first = std::move(error);
+    if (!owned) {
+      // Still a view: tracked again, its pages stay mapped; tried again at the next step.
+      view.copy_failed = true;
+      held_.push_front(std::move(view));
+      break;
+    }
   }
   return first;
 }
@@ -124,18 +132,23 @@ bool KeptViews::keep_under_lease(const HandedOutView& view) noexcept {
   }
 }
 
-std::optional<Error> KeptViews::make_owned(const HandedOutView& view) noexcept {
+bool KeptViews::make_owned(const HandedOutView& view, std::optional<Error>& error) noexcept {
   auto start = Clock::now();
   const auto& t = plan_.tensor_of_item(view.item);
   const std::string& path = plan_.checkpoint->files()[t.file_index].path;
-  std::optional<Error> error;
+  // A message that cannot be allocated is left unsaid rather than ending the process here.
+  auto say = [&](ErrorKind kind, const char* what, const char* detail = "") noexcept {
+    try {
+      if (!error) error.emplace(kind, path, t.name(), std::string(what) + detail);
+    } catch (...) {
+    }
+  };
   try {
     plan_.checkpoint->check_unchanged(t.file_index, t.name());
   } catch (const Error& e) {
-    error.emplace(ErrorKind::Io, path, t.name(),
-                  std::string("the file changed while the tensor was held as a view of it (") +
-                      e.what() + ")");
+    say(ErrorKind::Io, "the file changed while the tensor was held as a view of it: ", e.what());
   }
+  bool owned = false;
   try {
     // Fresh pages filled as they are allocated (io/untouched_pages.h), two threads at once: a
     // memcpy into fresh memory pays a zeroed page per 4 KiB first (262 MB: 0.24 s on one
@@ -151,11 +164,9 @@ std::optional<Error> KeptViews::make_owned(const HandedOutView& view) noexcept {
                                   : copy_into_untouched(to, view.data, t.nbytes);
     if (copied < t.nbytes) {
       std::memset(to + copied, 0, t.nbytes - copied);
-      if (!error) {
-        error.emplace(ErrorKind::Io, path, t.name(),
-                      "the file shrank while the tensor was held as a view of it (bytes past its "
-                      "new end are zeros)");
-      }
+      say(ErrorKind::Io,
+          "the file shrank while the tensor was held as a view of it (bytes past its new end "
+          "are zeros)");
     }
     // A pointer exported before (numpy, DLPack, data_ptr) still points into the mapping: it
     // stays mapped while the tensor lives, as the borrow ring keeps its block for such pointers.
@@ -170,16 +181,15 @@ std::optional<Error> KeptViews::make_owned(const HandedOutView& view) noexcept {
       view.storage->set_data_ptr_noswap(data_kept_by(to, std::move(both)));
       stats_.materializations += 1;
     }
+    owned = true;
   } catch (...) {
-    // No memory for it: let go as a view of the mapping (valid while the file is), reported.
-    if (!error) {
-      error.emplace(ErrorKind::OutOfMemory, path, t.name(),
-                    "no memory to copy the tensor kept past its step; it stays a view of the "
-                    "file, which a change of the file reaches");
-    }
+    // No memory for it: it stays a view of the mapping (valid while the file is), reported.
+    say(ErrorKind::OutOfMemory,
+        "no memory to copy the tensor kept past its step; it stays a view of the file, which a "
+        "change of the file reaches, until a later step can copy it");
   }
   stats_.copy_seconds += seconds_since(start);
-  return error;
+  return owned;
 }
 
 io::FileLease* KeptViews::lease_of(size_t file) noexcept {

@@ -37,6 +37,7 @@ struct HandedOutView {
   std::shared_ptr<ViewKeeper> keeper;
   uint8_t* data = nullptr;        // the view's first byte in the mapping
   const void* context = nullptr;  // the DataPtr's context the pass made
+  bool copy_failed = false;       // its copy found no memory once (reported then)
 };
 
 // A view kept past its step is:
@@ -48,7 +49,8 @@ struct HandedOutView {
 //   copied);
 // - else copied into owned memory (the kernel's copy, never a SIGBUS if the file shrank) and its
 //   storage repointed (set_data_ptr_noswap). A copy that finds no memory is Error(OutOfMemory)
-//   naming the file and tensor: the view is let go (it stays a view of the mapping).
+//   naming the file and tensor, once: the view stays tracked (its pages mapped, so neither an
+//   in-place write of it nor its bytes are lost), and its copy is tried again at the next steps.
 // Consumer thread only (the loader's lock). A repoint by another thread racing a step (a
 // multiprocessing Queue's feeder thread pickling a tensor while next() runs) is safe on the lease
 // path (nothing of the storage is written) but not on the copy path: the README says so.
@@ -93,9 +95,10 @@ class KeptViews {
   static bool still_ours(const HandedOutView& view) noexcept;
   // Keeps `view` under its file's lease; false when it is not to be leased or cannot be.
   bool keep_under_lease(const HandedOutView& view) noexcept;
-  // Copies `view` into owned memory and repoints its storage. Returns an error when its file
-  // changed since open or shrank (the missing bytes are zeros then) or there was no memory.
-  std::optional<Error> make_owned(const HandedOutView& view) noexcept;
+  // Copies `view` into owned memory and repoints its storage; false when there was no memory
+  // (it stays a view). `error`: set when its file changed since open or shrank (the missing
+  // bytes are zeros then), or there was no memory.
+  bool make_owned(const HandedOutView& view, std::optional<Error>& error) noexcept;
   io::FileLease* lease_of(size_t file) noexcept;
 
   const PassPlan& plan_;

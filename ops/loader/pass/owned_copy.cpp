@@ -12,12 +12,26 @@
 
 #include "io/direct_io.h"
 #include "io/fault_free_copy.h"
+#include "io/process_id.h"
 #include "io/untouched_pages.h"
 
 namespace instanttensor::loader {
 
 namespace {
 constexpr int64_t kCopyGrain = 4 << 20;
+// The process the library was loaded in. A forked child copies on its own thread: torch's
+// OpenMP pool, once used by the parent, waits in a child for threads that are not there.
+const pid_t loaded_in = io::current_process_id();
+
+// at::parallel_for, or the caller's thread alone in a forked child.
+template <typename Body>
+void for_ranges(int64_t begin, int64_t end, int64_t grain, const Body& body) {
+  if (io::current_process_id() != loaded_in) {
+    if (begin < end) body(begin, end);
+    return;
+  }
+  at::parallel_for(begin, end, grain, body);
+}
 }  // namespace
 
 uint64_t copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
@@ -26,29 +40,28 @@ uint64_t copy_into_untouched(uint8_t* to, const uint8_t* from, uint64_t nbytes) 
   std::mutex mutex;
   std::vector<std::pair<uint64_t, uint64_t>> not_placed;  // [begin, end) byte ranges
   const auto pages = static_cast<int64_t>(placer.registered_bytes() / page);
-  at::parallel_for(0, pages, static_cast<int64_t>(kCopyGrain / page),
-                   [&](int64_t first, int64_t last) {
-                     const uint64_t begin = static_cast<uint64_t>(first) * page;
-                     const uint64_t end = static_cast<uint64_t>(last) * page;
-                     const uint64_t placed = placer.place(begin, from + begin, end - begin);
-                     if (placed < end - begin) {
-                       std::lock_guard<std::mutex> lock(mutex);
-                       not_placed.emplace_back(begin + placed, end);
-                     }
-                   });
+  for_ranges(0, pages, static_cast<int64_t>(kCopyGrain / page), [&](int64_t first, int64_t last) {
+    const uint64_t begin = static_cast<uint64_t>(first) * page;
+    const uint64_t end = static_cast<uint64_t>(last) * page;
+    const uint64_t placed = placer.place(begin, from + begin, end - begin);
+    if (placed < end - begin) {
+      std::lock_guard<std::mutex> lock(mutex);
+      not_placed.emplace_back(begin + placed, end);
+    }
+  });
   placer.close();
   not_placed.emplace_back(static_cast<uint64_t>(pages) * page, nbytes);
   uint64_t unreadable = nbytes;  // the first source byte that could not be read
   for (auto [begin, end] : not_placed) {
-    at::parallel_for(static_cast<int64_t>(begin), static_cast<int64_t>(end), kCopyGrain,
-                     [&](int64_t b, int64_t e) {
-                       const auto length = static_cast<uint64_t>(e - b);
-                       const uint64_t copied = io::copy_without_faults(to + b, from + b, length);
-                       if (copied < length) {
-                         std::lock_guard<std::mutex> lock(mutex);
-                         unreadable = std::min(unreadable, static_cast<uint64_t>(b) + copied);
-                       }
-                     });
+    for_ranges(static_cast<int64_t>(begin), static_cast<int64_t>(end), kCopyGrain,
+               [&](int64_t b, int64_t e) {
+                 const auto length = static_cast<uint64_t>(e - b);
+                 const uint64_t copied = io::copy_without_faults(to + b, from + b, length);
+                 if (copied < length) {
+                   std::lock_guard<std::mutex> lock(mutex);
+                   unreadable = std::min(unreadable, static_cast<uint64_t>(b) + copied);
+                 }
+               });
   }
   return unreadable;
 }

@@ -106,7 +106,8 @@ class PageCacheViews {
   void unmap_unleased(size_t file, uint64_t begin, uint64_t end, bool drop_cache = false) noexcept;
   // Not CacheUse::Keep: every file's mapping MADV_SEQUENTIAL and MADV_HUGEPAGE (2 MiB folios).
   void advise_read_once() noexcept;
-  // Not CacheUse::Keep, views leased in this pass: every file's mapping MADV_NORMAL, whole.
+  // Not CacheUse::Keep, views leased (this pass, or an earlier one and still alive): every
+  // file's mapping MADV_NORMAL, whole.
   void advise_kept() noexcept;
   // What the ranges unmapped (and dropped) behind the consumer end at multiples of (the file's
   // end excepted): the page, or read once the largest folio advise_read_once's mapping gets.
@@ -138,6 +139,7 @@ class PageCacheViews {
   std::vector<uint64_t> dropped_up_to_;     // per file: pages before this offset are unmapped
   uint64_t window_;
   CacheUse cache_use_;
+  bool leased_earlier_alive_ = false;  // views leased in an earlier pass still live
   size_t last_handed_out_ = SIZE_MAX;
   OwnedTail tail_;
 };

@@ -127,7 +127,8 @@ uint64_t BorrowRing::release_oldest() {
     // (work queued on a kept tensor after the step that passed it): its copy-out and the reuse
     // wait for everything the consumer has queued by now. Found by the simulated device.
     for (auto& storage : oldest.storages) {
-      if (held_by_consumer(storage, block_, capacity_)) {
+      // Any reference, ours or repointed: its queued reads may still be on the way.
+      if (storage.use_count() > 1) {
         CopyFence::after(streams_.consumer()).block(streams_.loader(), "retained_reads");
         break;
       }
