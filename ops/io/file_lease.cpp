@@ -161,11 +161,8 @@ void LeaseRegistry::watch(sigset_t set) {
 
 size_t FileLease::max_leases() noexcept {
   rlimit limit{};
-  const uint64_t descriptors =
-      ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
-          ? static_cast<uint64_t>(limit.rlim_cur)
-          : 1024;
-  return static_cast<size_t>(std::max<uint64_t>(1, std::min<uint64_t>(64, descriptors / 16)));
+  const bool known = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+  return std::max<size_t>(1, std::min<size_t>(64, (known ? limit.rlim_cur : 1024) / 16));
 }
 
 std::shared_ptr<FileLease> FileLease::take(int fd) {

@@ -212,11 +212,10 @@ bool KeptViews::shown_by_a_leased_view(size_t item) {
   return leased_.shows_bytes(t.file_index, t.file_offset, t.nbytes);
 }
 
-bool KeptViews::begin_pass() {
+void KeptViews::begin_pass() {
   (void)release(SIZE_MAX);
   leased_this_pass_ = false;
   leased_before_this_pass_ = leased_.forget_ended();
-  return leased_before_this_pass_;
 }
 
 void KeptViews::abandon_after_fork() noexcept {

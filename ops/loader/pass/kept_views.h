@@ -76,10 +76,11 @@ class KeptViews {
   bool lease_available(size_t file) noexcept;
   // A view kept under a lease in an earlier pass shows some of `item`'s bytes.
   bool shown_by_a_leased_view(size_t item);
-  // A new pass: forgets leased views that died since; true when any is still alive.
-  bool begin_pass();
-  // True when a view was leased since the last begin_pass().
-  bool leased_this_pass() const noexcept { return leased_this_pass_; }
+  // A new pass: views still held are decided, leased views that died since are forgotten.
+  void begin_pass();
+  // True when a leased view may be alive: leased since the last begin_pass(), or in an earlier
+  // pass and alive then.
+  bool any_leased() const noexcept { return leased_this_pass_ || leased_before_this_pass_; }
   // Calls `kept(first, last)` for the page ranges of `file` in [begin, end) that leased views
   // keep mapped, in order. Allocates nothing.
   template <typename Kept>

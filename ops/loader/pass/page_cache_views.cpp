@@ -86,7 +86,7 @@ void PageCacheViews::begin_pass() {
   std::fill(dropped_up_to_.begin(), dropped_up_to_.end(), 0);
   // Pages the last pass skipped for a leased view since dropped: an in-place write of it must
   // not reach this pass.
-  leased_earlier_alive_ = kept_.begin_pass();
+  kept_.begin_pass();
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
     unmap_unleased(file, 0, mapping_->size(file));
   }

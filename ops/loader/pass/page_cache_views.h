@@ -139,7 +139,6 @@ class PageCacheViews {
   std::vector<uint64_t> dropped_up_to_;     // per file: pages before this offset are unmapped
   uint64_t window_;
   CacheUse cache_use_;
-  bool leased_earlier_alive_ = false;  // views leased in an earlier pass still live
   size_t last_handed_out_ = SIZE_MAX;
   OwnedTail tail_;
 };

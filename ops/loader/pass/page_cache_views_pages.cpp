@@ -88,9 +88,7 @@ uint64_t PageCacheViews::drop_unit() const noexcept {
 }
 
 void PageCacheViews::advise_kept() noexcept {
-  if (cache_use_ == CacheUse::Keep || !(kept_.leased_this_pass() || leased_earlier_alive_)) {
-    return;
-  }
+  if (cache_use_ == CacheUse::Keep || !kept_.any_leased()) return;
   // The leased views are the consumer's weights now: the default recency, whole mappings (a
   // range per view would split each mapping into one area per view). MADV_HUGEPAGE stays.
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
