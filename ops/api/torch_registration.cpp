@@ -2,6 +2,7 @@
 // class torch.classes.instanttensor.Loader is defined by api/loader_class.cpp.
 #include <torch/library.h>
 
+#include "api/aoti_package_class.h"
 #include "api/loader_class.h"
 #include "api/serialization.h"
 #include "format/parsed_checkpoint.h"
@@ -156,6 +157,7 @@ TORCH_LIBRARY(instanttensor, m) {
       "int[], int[], bool, str[], str[], int)",
       &parse_header_bytes_op);
   define_loader_class(m);
+  define_aoti_package_class(m);
 }
 
 TORCH_LIBRARY_IMPL(instanttensor, CompositeExplicitAutograd, m) {

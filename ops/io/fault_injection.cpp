@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -19,6 +20,18 @@ std::mutex plan_mutex;
 FaultPlan plan;
 int64_t calls = 0;
 int64_t uring_submits = 0;
+std::condition_variable gate_changed;  // a read arrived at the gate, or the gate opened
+int64_t reads_held = 0;
+bool gate_open = true;
+
+// A read call at the gate waits until it opens.
+void pass_gate() {
+  std::unique_lock<std::mutex> lock(plan_mutex);
+  ++reads_held;
+  gate_changed.notify_all();
+  gate_changed.wait(lock, [] { return gate_open; });
+  --reads_held;
+}
 }  // namespace
 
 void arm_faults(const FaultPlan& new_plan) {
@@ -26,12 +39,27 @@ void arm_faults(const FaultPlan& new_plan) {
   plan = new_plan;
   calls = 0;
   uring_submits = 0;
+  gate_open = !new_plan.hold_reads;
   armed.store(true);
+  gate_changed.notify_all();
 }
 
 void disarm_faults() {
   std::lock_guard<std::mutex> lock(plan_mutex);
   armed.store(false);
+  gate_open = true;
+  gate_changed.notify_all();
+}
+
+void wait_for_held_read() {
+  std::unique_lock<std::mutex> lock(plan_mutex);
+  gate_changed.wait(lock, [] { return reads_held > 0 || gate_open; });
+}
+
+void release_held_reads() {
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  gate_open = true;
+  gate_changed.notify_all();
 }
 
 int injected_fault(uint64_t* length) {
@@ -44,6 +72,7 @@ int injected_fault(uint64_t* length) {
     current = plan;
     call = ++calls;
   }
+  if (current.hold_reads) pass_gate();
   if (current.delay_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(current.delay_ms));
   if (current.fail_read_number == call) return current.fail_errno;

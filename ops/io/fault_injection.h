@@ -19,6 +19,9 @@ struct FaultPlan {
   bool fail_uring_setup = false;    // io_uring setup reports EPERM, as under a seccomp filter
   int fail_uring_submit = 0;        // io_uring submits report this errno; 0: never
   int fail_uring_submit_after = 0;  // ... once this many submits have worked
+  // Every read call waits before reading until release_held_reads() (a gate the test opens, so
+  // it can act while a load is surely underway).
+  bool hold_reads = false;
 };
 
 #ifdef INSTANTTENSOR_TESTING_HOOKS
@@ -26,6 +29,11 @@ struct FaultPlan {
 // counter. disarm_faults() restores normal reads.
 void arm_faults(const FaultPlan& plan);
 void disarm_faults();
+// With hold_reads armed: blocks until a read call is waiting at the gate.
+void wait_for_held_read();
+// Opens the gate: waiting and later read calls go on (until the next arm_faults). Also done by
+// disarm_faults().
+void release_held_reads();
 
 // Used by the backends: what the next read call should do instead of reading, or 0 to read.
 // Returns an errno to report, and may shorten `length` or sleep.

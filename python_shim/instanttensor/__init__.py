@@ -27,10 +27,15 @@ _LAZY = {
     "deserialize": "._serialize",
     "serialize": "._serialize",
     "serialize_file": "._serialize",
+    "load_constants": ".aoti",
 }
 
 
 def __getattr__(name: str):
+    if name == "aoti":  # the AOTInductor module, imported on first use
+        import importlib
+
+        return importlib.import_module(".aoti", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -42,7 +47,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"aoti"})
 
 
 # Upstream InstantTensor's API level (0.2.2), with the torch this build is for as a local label
@@ -58,5 +63,5 @@ cmake_prefix_path = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), 
 __all__ = [
     "safe_open", "Backend", "BackendPolicy", "SafeSlice", "LoadIntoResult", "load_file",
     "load_into", "save_file", "SafetensorError", "TensorSpec", "serialize", "serialize_file",
-    "deserialize", "__version__", "UPSTREAM_API_LEVEL", "cmake_prefix_path",
+    "deserialize", "__version__", "UPSTREAM_API_LEVEL", "cmake_prefix_path", "load_constants",
 ]

@@ -21,6 +21,18 @@ void arm_read_delay(int64_t ms) {
   instanttensor::io::arm_faults(plan);
 }
 
+// Every read call from now on waits at a gate until release_held_reads().
+void hold_reads() {
+  instanttensor::io::FaultPlan plan;
+  plan.hold_reads = true;
+  instanttensor::io::arm_faults(plan);
+}
+
+// Blocks until a read call waits at the gate (returns at once if the gate is open).
+void wait_for_held_read() { instanttensor::io::wait_for_held_read(); }
+
+void release_held_reads() { instanttensor::io::release_held_reads(); }
+
 void disarm_faults() { instanttensor::io::disarm_faults(); }
 
 }  // namespace
@@ -29,4 +41,7 @@ TORCH_LIBRARY(instanttensor_testing, m) {
   m.def("arm_read_fault(int nth, int error) -> ()", &arm_read_fault);
   m.def("arm_read_delay(int ms) -> ()", &arm_read_delay);
   m.def("disarm_faults() -> ()", &disarm_faults);
+  m.def("hold_reads() -> ()", &hold_reads);
+  m.def("wait_for_held_read() -> ()", &wait_for_held_read);
+  m.def("release_held_reads() -> ()", &release_held_reads);
 }

@@ -1,0 +1,211 @@
+// load_constants: a constants-free AOTInductor package's weights from safetensors files.
+//
+// The package states its constants' names, FQNs and dtypes, but not their shapes until one of its
+// buffers holds tensors. So the first load hands the package a probe per constant: a tensor of
+// the checkpoint's shape whose storage holds 0 bytes. The package then allocates its own buffer,
+// copies nothing, and makes its tensors (its shapes, the probe's strides) over that buffer; those
+// tensors are checked against the checkpoint and filled in place by one load_into.
+#include <ATen/DynamicLibrary.h>
+#include <c10/util/accumulate.h>
+
+#include <optional>
+#include <stdexcept>
+
+#include "api/aoti_constant_match.h"
+#include "format/checkpoint.h"
+#include "format/torch_dtype.h"
+#include "instanttensor/aoti.h"
+
+namespace instanttensor {
+
+namespace {
+
+// Dimensions of a probe: the package reads as many strides as its constant has dimensions, from
+// the probe's, so a constant of more dimensions than its checkpoint tensor (a shape error found
+// after the probe) still reads strides the probe has.
+constexpr size_t kProbeDims = 64;
+
+// The runner's model library is a protected member; a pointer to it formed in a derived class
+// (which may name it) applies to any runner. Never instantiated.
+struct RunnerAccess : torch::inductor::AOTIModelContainerRunner {
+  static auto library() { return &RunnerAccess::model_so_; }
+};
+
+// Bytes of weights compiled into the package's library (aot_inductor.package_constants_in_so,
+// torch's default), between the symbols AOTInductor's code generator emits around them; nullopt
+// for a runner without a library (built by hand) or without those symbols.
+std::optional<uint64_t> compiled_in_weight_bytes(
+    torch::inductor::AOTIModelContainerRunner& runner) {
+  const auto& library = runner.*RunnerAccess::library();
+  if (!library) return std::nullopt;
+  try {
+    auto* start = static_cast<const char*>(library->sym("_binary_constants_bin_start"));
+    auto* end = static_cast<const char*>(library->sym("_binary_constants_bin_end"));
+    if (end < start) return std::nullopt;
+    return static_cast<uint64_t>(end - start);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string files_label(const std::vector<std::string>& files) {
+  std::string label;
+  for (size_t i = 0; i < files.size() && i < 3; ++i) label += (i ? ", " : "") + files[i];
+  if (files.size() > 3) label += " and " + std::to_string(files.size() - 3) + " more files";
+  return label;
+}
+
+// The package's constants, sorted by FQN. AOTInductor's dtype codes are c10's ScalarType values
+// (aoti_torch_dtype_float32() is (int32_t)ScalarType::Float).
+std::vector<aoti::PackageConstant> package_constants(
+    torch::inductor::AOTIModelContainerRunner& runner) {
+  auto dtypes = runner.getConstantNamesToDtypes();
+  std::vector<aoti::PackageConstant> constants;
+  for (const auto& [name, fqn] : runner.getConstantNamesToOriginalFQNs()) {
+    aoti::PackageConstant constant;
+    constant.name = name;
+    constant.fqn = fqn;
+    constant.dtype = static_cast<c10::ScalarType>(dtypes.at(name));
+    constants.push_back(std::move(constant));
+  }
+  std::sort(constants.begin(), constants.end(),
+            [](const auto& a, const auto& b) { return a.fqn < b.fqn; });
+  return constants;
+}
+
+// Every tensor of the files, from their validated headers (no tensor data is read).
+std::map<std::string, aoti::CheckpointTensor> checkpoint_tensors(
+    const std::vector<std::string>& files) {
+  format::Checkpoint checkpoint(files);
+  std::map<std::string, aoti::CheckpointTensor> tensors;
+  for (const auto& tensor : checkpoint.tensors()) {
+    const std::string& file = checkpoint.path_of(tensor);
+    aoti::CheckpointTensor described;
+    described.file = file;
+    described.dtype = format::to_torch_dtype(tensor.entry->dtype, file, tensor.name());
+    described.shape = format::to_torch_shape(*tensor.entry, file);
+    tensors.emplace(tensor.name(), std::move(described));
+  }
+  return tensors;
+}
+
+// A tensor of `shape` (padded to kProbeDims with 1s) over a storage of 0 bytes on `device`: the
+// package copies storage-size bytes from it, none, and takes its strides.
+at::Tensor probe(const std::vector<int64_t>& shape, c10::ScalarType dtype, c10::Device device) {
+  at::Tensor tensor = at::empty({1}, at::TensorOptions().dtype(dtype).device(device));
+  tensor.storage().unsafeGetStorageImpl()->set_nbytes(0);
+  std::vector<int64_t> sizes(shape);
+  sizes.resize(std::max(kProbeDims, shape.size()), 1);
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t i = sizes.size() - 1; i > 0; --i) {
+    strides[i - 1] = strides[i] * std::max<int64_t>(sizes[i], 1);
+  }
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  return tensor;
+}
+
+// After a failure once the package's buffers changed: the inactive buffer is freed; an active
+// buffer is moved aside and freed, so run() refuses (its state is NONE) instead of serving
+// partial weights. Never throws: the original error is what the caller needs.
+void leave_refusing(torch::inductor::AOTIModelContainerRunner& runner, bool use_inactive) noexcept {
+  try {
+    if (!use_inactive) runner.swap_constant_buffer();
+    runner.free_inactive_constant_buffer();
+    if (!use_inactive) runner.swap_constant_buffer();
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
+ConstantsReport load_constants(torch::inductor::AOTIModelContainerRunner& runner,
+                               c10::Device device, const std::vector<std::string>& files,
+                               const ConstantsOptions& options) {
+  if (files.empty()) throw Error(ErrorKind::Argument, "", "", "no checkpoint files given");
+  const std::string label = files_label(files);
+  auto constants = package_constants(runner);
+  auto active = runner.extract_constants_map(/*use_inactive=*/false);
+  // Loaded before: the active buffer's tensors have the package's shapes, checked below before
+  // anything of the package changes.
+  if (active.size() == constants.size()) {
+    for (auto& constant : constants) {
+      auto found = active.find(constant.fqn);
+      if (found != active.end()) constant.shape = found->second.sizes().vec();
+    }
+  }
+  auto tensors = checkpoint_tensors(files);
+  auto checkpoint_name = [&](const std::string& fqn) {
+    return options.rename ? options.rename(fqn) : options.prefix + fqn;
+  };
+  auto match = aoti::match_constants(constants, tensors, checkpoint_name, options.strict, label);
+  // A package without its weights carries a placeholder of a byte; one with them carries at
+  // least the constants' bytes.
+  uint64_t constant_bytes = 0;
+  for (const auto& pair : match.sources) {
+    constant_bytes +=
+        c10::multiply_integers(pair.source->shape) * c10::elementSize(pair.constant->dtype);
+  }
+  auto inside = compiled_in_weight_bytes(runner);
+  if (inside && *inside > 1 && *inside >= constant_bytes) {
+    throw Error(ErrorKind::Argument, label, "",
+                "the package was compiled with its constants inside (" + std::to_string(*inside) +
+                    " bytes of weights in its library, torch's default): compile it with "
+                    "inductor_configs={\"aot_inductor.package_constants_in_so\": False} for its "
+                    "weights to come from checkpoints");
+  }
+
+  std::unordered_map<std::string, at::Tensor> probes;
+  for (const auto& pair : match.sources) {
+    probes.emplace(pair.constant->name, probe(pair.source->shape, pair.constant->dtype, device));
+  }
+  ConstantsReport report;
+  try {
+    try {
+      runner.update_constant_buffer(probes, options.use_inactive, /*validate_full_updates=*/true,
+                                    /*user_managed=*/false);
+    } catch (const std::exception& refused) {
+      throw Error(
+          ErrorKind::Argument, label, "",
+          std::string("the package refused buffers on ") + device.str() + ": " + refused.what());
+    }
+    auto buffers = runner.extract_constants_map(options.use_inactive);
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [fqn, buffer] : buffers) shapes.emplace(fqn, buffer.sizes().vec());
+    aoti::check_shapes(match, shapes);
+
+    std::vector<std::string> names;
+    std::vector<at::Tensor> destinations;
+    for (const auto& pair : match.sources) {
+      names.push_back(pair.tensor);
+      destinations.push_back(buffers.at(pair.constant->fqn));
+      report.constants.push_back(pair.constant->fqn);
+      report.bytes += destinations.back().nbytes();
+    }
+    OpenOptions open = options.open;
+    open.keys = names;
+    if (!destinations.empty()) open.device = destinations.front().device();
+    SafeOpen checkpoint(files, open);
+    checkpoint.load_into(names, destinations, /*strict=*/true);
+    report.stats = checkpoint.stats();
+  } catch (...) {
+    leave_refusing(runner, options.use_inactive);
+    throw;
+  }
+  std::sort(report.constants.begin(), report.constants.end());
+  report.unused_tensors = std::move(match.unused_tensors);
+  return report;
+}
+
+ConstantsReport load_constants(torch::inductor::AOTIModelPackageLoader& package,
+                               const std::vector<std::string>& files,
+                               const ConstantsOptions& options) {
+  auto metadata = package.get_metadata();
+  auto key = metadata.find("AOTI_DEVICE_KEY");
+  if (key == metadata.end() || key->second.empty()) {
+    throw Error(ErrorKind::Argument, files_label(files), "",
+                "the package's metadata names no device (AOTI_DEVICE_KEY)");
+  }
+  return load_constants(*package.get_runner(), c10::Device(key->second), files, options);
+}
+
+}  // namespace instanttensor
