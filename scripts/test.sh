@@ -21,7 +21,7 @@ if command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_C_COMPILER_LAUNCHER=ccache
 fi
 step "clang-format"
-find include ops tests/cpp tests/fuzz tests/simulated_device examples -name '*.h' -o -name '*.cpp' | xargs clang-format --dry-run --Werror
+find include ops tests/cpp tests/aoti tests/fuzz tests/simulated_device examples -name '*.h' -o -name '*.cpp' | xargs clang-format --dry-run --Werror
 step "build"
 bash scripts/build.sh
 step "the release install carries no test switch"

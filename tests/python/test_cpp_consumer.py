@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from safetensors.torch import save_file as reference_save
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -78,3 +79,55 @@ def test_installed_library_serves_an_outside_program(installed_prefix, tmp_path)
     failed = subprocess.run([str(build / "load_checkpoint"), str(bad)], capture_output=True,
                             text=True, env=env, timeout=60)
     assert failed.returncode == 1 and str(bad) in failed.stderr
+
+
+def test_the_aoti_example_serves_a_package_with_the_checkpoints_weights(installed_prefix,
+                                                                       tmp_path):
+    """examples/aoti_inference.cpp, built outside the repo: outputs equal eager with the
+    checkpoint's weights, then with the next checkpoint's after a swap while serving."""
+    from aoti_model import EXAMPLE_SHAPE, block, packages, weights
+
+    free, inside = packages()
+    example_src = tmp_path / "example"
+    shutil.copytree(os.path.join(ROOT, "examples"), example_src)
+    build = tmp_path / "example-build"
+    prefix_path = f"{installed_prefix};{torch.utils.cmake_prefix_path}"
+    configure = subprocess.run(["cmake", "-S", str(example_src), "-B", str(build),
+                                f"-DCMAKE_PREFIX_PATH={prefix_path}"], capture_output=True,
+                               text=True)
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    compiled = subprocess.run(["cmake", "--build", str(build), "--target", "aoti_inference"],
+                              capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+
+    first, second = block(3), block(4)
+    paths = {name: str(tmp_path / f"{name}.safetensors") for name in
+             ("first", "second", "inputs", "outputs")}
+    reference_save(weights(first), paths["first"])
+    reference_save(weights(second), paths["second"])
+    torch.manual_seed(5)
+    x = torch.randn(*EXAMPLE_SHAPE)
+    reference_save({"x": x}, paths["inputs"])
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [str(installed_prefix / "lib"), os.path.join(os.path.dirname(torch.__file__), "lib")])
+    app = str(build / "aoti_inference")
+
+    run = subprocess.run([app, free, paths["first"], paths["inputs"], paths["outputs"]],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "loaded 10 constants" in run.stdout
+    with torch.no_grad():
+        torch.testing.assert_close(load_file(paths["outputs"])["output0"], first(x))
+
+    swap = subprocess.run([app, free, paths["first"], paths["inputs"], paths["outputs"],
+                           "--swap", paths["second"]], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert swap.returncode == 0, swap.stderr
+    assert f"swapped in {paths['second']}" in swap.stdout
+    with torch.no_grad():
+        torch.testing.assert_close(load_file(paths["outputs"])["output0"], second(x))
+
+    refused = subprocess.run([app, inside, paths["first"], paths["inputs"]], capture_output=True,
+                             text=True, env=env, timeout=120)
+    assert refused.returncode == 1 and "package_constants_in_so" in refused.stderr
