@@ -12,14 +12,16 @@ Contenders, each a fresh process per sample, interleaved (the order rotates each
   it_cpp      C++: examples/aoti_inference (AOTIModelPackageLoader + instanttensor::load_constants)
   it_python   Python: instanttensor.aoti.load_package + load_constants, run
   torch_st    Python: aoti_load_package + safetensors.torch.load_file + load_constants, run
-  read        the ceiling: a process that reads model.safetensors (buffered, 64 MiB reads)
+  read        a ceiling: a process that reads model.safetensors (buffered, 64 MiB reads)
+  read4       another: 4 threads pread it in 8 MiB chunks (the ceiling is the faster of the two)
 
 The time is the parent's, from starting the process to the first output line ("output0 ..."),
 which each prints after its first inference; peak RSS is the child's (wait4). Cold evicts the
 files a contender reads (posix_fadvise DONTNEED, checked with mincore: a sample left over 5%
 resident is refused); warm reads them first. The swap: one process serves (a thread runs the model
 back to back) while the main thread loads next.safetensors into the inactive buffer, then swaps;
-it reports the runs' median latency before and during the load.
+it reports the runs' median latency before and during the load, with the loader's default
+threads and with concurrency=1 (one read worker, leaving the server more of the cores).
 """
 
 from __future__ import annotations
@@ -80,6 +82,18 @@ with open(sys.argv[2], "rb", buffering=0) as f:
         pass
 print("output0", flush=True)
 """,
+    "read4": """
+import os, sys, threading
+fd = os.open(sys.argv[2], os.O_RDONLY)
+size, chunk = os.fstat(fd).st_size, 8 << 20
+def reader(first):
+    for offset in range(first * chunk, size, 4 * chunk):
+        os.pread(fd, chunk, offset)
+threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("output0", flush=True)
+""",
 }
 
 
@@ -125,7 +139,7 @@ def command(contender: str, files: dict[str, str]) -> tuple[list[str], list[str]
     """(argv, the files it reads)."""
     package = files["inside.pt2"] if contender == "inside" else files["free.pt2"]
     reads = [package, files["model.safetensors"]] if contender != "inside" else [package]
-    if contender == "read":
+    if contender.startswith("read"):
         reads = [files["model.safetensors"]]
     args = [package, files["model.safetensors"], files["inputs.safetensors"]]
     if contender == "it_cpp":
@@ -192,7 +206,8 @@ while len(latencies) < 20:
 if sys.argv[5] == "cold":
     evict([sys.argv[4]])
 load_start = time.perf_counter()
-aoti.load_constants(package, sys.argv[4], use_inactive=True)
+concurrency = int(sys.argv[6]) if sys.argv[6] != "default" else None
+aoti.load_constants(package, sys.argv[4], use_inactive=True, concurrency=concurrency)
 load_end = time.perf_counter()
 package.swap_constant_buffer()
 swapped = time.perf_counter()
@@ -208,11 +223,11 @@ print("SWAP", load_end - load_start, swapped - load_end, statistics.median(befor
 """
 
 
-def swap_sample(files: dict[str, str], cold: bool) -> dict[str, float]:
+def swap_sample(files: dict[str, str], cold: bool, concurrency: str) -> dict[str, float]:
     run = subprocess.run([sys.executable, "-c", SWAP, files["free.pt2"], files["model.safetensors"],
                           files["inputs.safetensors"], files["next.safetensors"],
-                          "cold" if cold else "warm"], capture_output=True, text=True,
-                         check=True)
+                          "cold" if cold else "warm", concurrency], capture_output=True,
+                         text=True, check=True)
     line = next(l for l in run.stdout.splitlines() if l.startswith("SWAP"))
     load, swap, before, during, runs = (float(v) for v in line.split()[1:])
     return {"load_s": load, "swap_s": swap, "latency_before_ms": before * 1e3,
@@ -224,7 +239,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--dim", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--contenders", default="inside,it_cpp,it_python,torch_st,read")
+    parser.add_argument("--contenders", default="inside,it_cpp,it_python,torch_st,read,read4")
     parser.add_argument("--json")
     args = parser.parse_args()
     if shutil.which("cmake") is None:
@@ -248,18 +263,22 @@ def main() -> None:
         medians = {c: statistics.median(times[c]) for c in contenders}
         results["cells"][cell] = {c: {"seconds": times[c], "median_s": medians[c],
                                       "peak_rss_gb": max(rss[c])} for c in contenders}
+        ceiling = min((medians[c] for c in ("read", "read4") if c in medians), default=None)
         print(f"\n{cell}: start to first inference")
         for c in contenders:
-            ratio = medians[c] / medians["it_cpp"] if "it_cpp" in medians else float("nan")
-            print(f"  {c:10s} {medians[c]:7.2f} s   peak RSS {max(rss[c]):5.2f} GB   "
-                  f"{ratio:5.2f}x it_cpp's time")
+            against = f"{medians[c] / ceiling:5.2f}x the ceiling's time" if ceiling else ""
+            print(f"  {c:10s} {medians[c]:7.2f} s   peak RSS {max(rss[c]):5.2f} GB   {against}")
+        for peer in ("torch_st", "inside"):
+            if "it_cpp" in medians and peer in medians:
+                print(f"  it_cpp / {peer}: {medians['it_cpp'] / medians[peer]:.2f}x the time, "
+                      f"{max(rss['it_cpp']) / max(rss[peer]):.2f}x the peak RSS")
     print("\nswap of the whole weights under inference (one serving thread)")
-    for cold in (True, False):
-        swaps = [swap_sample(files, cold) for _ in range(args.samples)]
+    for cold, concurrency in ((True, "default"), (False, "default"), (True, "1"), (False, "1")):
+        swaps = [swap_sample(files, cold, concurrency) for _ in range(args.samples)]
         summary = {k: statistics.median(s[k] for s in swaps) for k in swaps[0]}
-        results["cells"]["swap_" + ("cold" if cold else "warm")] = {"samples": swaps,
-                                                                  "median": summary}
-        print(f"  {'cold' if cold else 'warm'}: load {summary['load_s']:.2f} s, swap "
+        name = f"swap_{'cold' if cold else 'warm'}_concurrency_{concurrency}"
+        results["cells"][name] = {"samples": swaps, "median": summary}
+        print(f"  {'cold' if cold else 'warm'}, concurrency={concurrency}: load {summary['load_s']:.2f} s, swap "
               f"{summary['swap_s'] * 1e3:.2f} ms, run latency {summary['latency_before_ms']:.1f} "
               f"ms before -> {summary['latency_during_ms']:.1f} ms during the load "
               f"({summary['latency_during_ms'] / summary['latency_before_ms']:.2f}x, "
