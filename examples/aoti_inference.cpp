@@ -22,7 +22,7 @@ std::vector<at::Tensor> run_and_print(torch::inductor::AOTIModelPackageLoader& p
   auto outputs = package.run(inputs);
   for (size_t i = 0; i < outputs.size(); ++i) {
     std::cout << "output" << i << " " << outputs[i].sizes()
-              << " sum=" << outputs[i].to(at::kDouble).sum().item<double>() << "\n";
+              << " sum=" << outputs[i].to(at::kCPU).to(at::kDouble).sum().item<double>() << "\n";
   }
   return outputs;
 }
@@ -54,9 +54,12 @@ int main(int argc, char** argv) {
     std::cout << "loaded " << report.constants.size() << " constants, " << report.bytes
               << " bytes\n";
 
+    // The inputs on the package's device ("cpu", "cuda", ...: its metadata says).
+    c10::Device device(package.get_metadata().at("AOTI_DEVICE_KEY"));
     std::vector<at::Tensor> inputs;
     instanttensor::SafeOpen input_file(positional[2]);
-    for (auto& [name, tensor] : input_file) inputs.push_back(tensor.clone());
+    for (auto& [name, tensor] : input_file)
+      inputs.push_back(tensor.to(device, /*non_blocking=*/false, /*copy=*/true));
     auto outputs = run_and_print(package, inputs);
 
     if (!next.empty()) {
@@ -88,7 +91,8 @@ int main(int argc, char** argv) {
     if (positional.size() == 4) {
       std::map<std::string, at::Tensor> named;
       for (size_t i = 0; i < outputs.size(); ++i) {
-        named.emplace("output" + std::to_string(i), outputs[i].contiguous());
+        named.emplace("output" + std::to_string(i),
+                      outputs[i].contiguous());  // saved from any device
       }
       instanttensor::save_file(named, positional[3]);
     }

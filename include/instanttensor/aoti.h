@@ -12,7 +12,7 @@
 //   instanttensor::ConstantsOptions next;
 //   next.use_inactive = true;
 //   instanttensor::load_constants(package, {"step-42.safetensors"}, next);
-//   package.get_runner()->swap_constant_buffer();          // waits for runs underway
+//   package.get_runner()->swap_constant_buffer();          // waits for runs underway (host)
 //   package.get_runner()->free_inactive_constant_buffer();  // the old weights' memory
 #pragma once
 
@@ -54,27 +54,39 @@ struct ConstantsReport {
 // Fills the constants of a package compiled with aot_inductor.package_constants_in_so=False
 // from safetensors files, in one pass: only the constants' bytes are read, straight into the
 // package's own buffers (CPU: read into them; an accelerator: through the pinned staging ring,
-// one copy to the device, no device memory beyond the package's).
+// one copy to the device, no device memory beyond the package's). The constants are those the
+// package takes from outside: every one but those it folds at run time (runtime constant
+// folding), non-persistent buffers included. They are filled contiguous, as torch's
+// load_constants fills them from a state dict.
 //
 // Ownership: the package owns the weights (its constant buffer, as with torch's
 // load_constants(user_managed=false)); nothing of instanttensor stays alive after the call and
 // nothing is copied twice. The package's free_inactive_constant_buffer() and destructor free them.
 //
-// Checked before any byte is read, each an Error naming the constant and the file: a constant
-// with no tensor in the checkpoint (Key), a checkpoint tensor no constant takes when strict (Key),
-// a dtype or shape that differs from the package's (Argument), a package that holds constants it
-// was not given by this call (compiled with its constants inside, torch's default: Argument),
-// or files that cannot be opened or parsed. Once the package has a loaded buffer its shapes are
-// known and checked before anything changes; for its first load they are learned from the
-// package's own buffer, which is then allocated but not filled.
+// Checked before any buffer of the package changes, each an Error naming the constant and the
+// file: a constant with no tensor in the checkpoint (Key), a checkpoint tensor no constant takes
+// when strict (Key), a dtype or shape that differs from the package's (Argument; the shapes are
+// the package's once a buffer of it was loaded, else the shape check comes after its buffer is
+// allocated), a package whose library carries its weights' bytes (compiled with its constants
+// inside, torch's default: Argument; not checked for a runner without a library), files that
+// cannot be opened or parsed, a tensor on a device the package refuses.
 //
-// On any failure: use_inactive, the inactive buffer is freed and the active one keeps serving,
-// untouched; otherwise the active buffer is left refusing to run (run() raises "Unknown constant
-// state") rather than serving a partial or unchecked set of weights, until a load succeeds.
+// A failure after that: use_inactive, the inactive buffer is freed and the active one keeps
+// serving, untouched; otherwise the active buffer is left refusing to run (run() raises
+// "Unknown constant state") rather than serving a partial or unchecked set of weights, until a
+// load succeeds.
 //
-// Threads: one load per package at a time. With use_inactive, run() may be called from other
-// threads during the load (the active buffer is not touched); swap_constant_buffer() waits for
-// the runs underway. Returns after every byte is in place (device copies complete).
+// Device: the package's buffers are allocated on the current device unless `device` (the runner
+// overload) names an index; call from a thread whose current device is the package's.
+// use_inactive frees the inactive buffer first (on CUDA cudaFree waits for runs queued on the
+// device that may still read a buffer swapped out). Returns after every byte is in place (device
+// copies complete).
+//
+// Threads: one load per package at a time, and no swap_constant_buffer() or
+// free_inactive_constant_buffer() during it (they would put partial weights in service or free
+// the memory being filled; the Python class serializes the three). With use_inactive, run() may
+// be called from other threads during the load (the active buffer is not touched), but not the
+// package's first run() (which folds constants into the active buffer).
 ConstantsReport load_constants(torch::inductor::AOTIModelPackageLoader& package,
                                const std::vector<std::string>& files,
                                const ConstantsOptions& options = {});

@@ -1,8 +1,6 @@
 #include "api/aoti_constant_match.h"
 
-#include <set>
-#include <sstream>
-
+#include "format/message_text.h"
 #include "format/torch_dtype.h"
 #include "instanttensor/error.h"
 
@@ -10,20 +8,13 @@ namespace instanttensor::aoti {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
-}
+using format::shape_text;
 
-// At most `limit` names, then how many more: a checkpoint of another model lists thousands.
-std::string name_list(const std::vector<std::string>& names, size_t limit = 8) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < limit; ++i) out += (i ? ", '" : "'") + names[i] + "'";
-  if (names.size() > limit) out += " and " + std::to_string(names.size() - limit) + " more";
-  return out;
+// Quoted: names hold dots and commas.
+std::string name_list(const std::vector<std::string>& names) {
+  std::vector<std::string> quoted;
+  for (const auto& name : names) quoted.push_back("'" + name + "'");
+  return format::some_names(quoted, 8);
 }
 
 void check_shape(const ConstantSource& pair, const std::vector<int64_t>& expected) {

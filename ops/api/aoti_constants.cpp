@@ -6,9 +6,11 @@
 // copies nothing, and makes its tensors (its shapes, the probe's strides) over that buffer; those
 // tensors are checked against the checkpoint and filled in place by one load_into.
 #include <ATen/DynamicLibrary.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/accumulate.h>
 
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "api/aoti_constant_match.h"
@@ -25,27 +27,60 @@ namespace {
 // after the probe) still reads strides the probe has.
 constexpr size_t kProbeDims = 64;
 
-// The runner's model library is a protected member; a pointer to it formed in a derived class
-// (which may name it) applies to any runner. Never instantiated.
+// The runner's model library and container are protected members; pointers to them formed in a
+// derived class (which may name them) apply to any runner. Never instantiated.
 struct RunnerAccess : torch::inductor::AOTIModelContainerRunner {
   static auto library() { return &RunnerAccess::model_so_; }
+  static auto container() { return &RunnerAccess::container_handle_; }
 };
+
+// A function of the runner's model library, or nullptr (no library: a runner built by hand; or
+// no such symbol).
+template <typename Function>
+Function* library_function(torch::inductor::AOTIModelContainerRunner& runner, const char* name) {
+  const auto& library = runner.*RunnerAccess::library();
+  if (!library) return nullptr;
+  try {
+    return reinterpret_cast<Function*>(library->sym(name));
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+// The names of constants the package computes itself (runtime constant folding): they come from
+// no checkpoint. The runner states only names, FQNs and dtypes; its model library says which.
+std::set<std::string> folded_constants(torch::inductor::AOTIModelContainerRunner& runner) {
+  auto* count = library_function<decltype(AOTInductorModelContainerGetNumConstants)>(
+      runner, "AOTInductorModelContainerGetNumConstants");
+  auto* name_of = library_function<decltype(AOTInductorModelContainerGetConstantName)>(
+      runner, "AOTInductorModelContainerGetConstantName");
+  auto* folded = library_function<decltype(AOTInductorModelContainerGetConstantFromFolded)>(
+      runner, "AOTInductorModelContainerGetConstantFromFolded");
+  std::set<std::string> names;
+  if (!count || !name_of || !folded) return names;
+  AOTInductorModelContainerHandle container = runner.*RunnerAccess::container();
+  size_t constants = 0;
+  if (count(container, &constants) != AOTI_RUNTIME_SUCCESS) return names;
+  for (size_t i = 0; i < constants; ++i) {
+    const char* name = nullptr;
+    bool from_folded = false;
+    if (name_of(container, i, &name) == AOTI_RUNTIME_SUCCESS && name &&
+        folded(container, i, &from_folded) == AOTI_RUNTIME_SUCCESS && from_folded) {
+      names.insert(name);
+    }
+  }
+  return names;
+}
 
 // Bytes of weights compiled into the package's library (aot_inductor.package_constants_in_so,
 // torch's default), between the symbols AOTInductor's code generator emits around them; nullopt
 // for a runner without a library (built by hand) or without those symbols.
 std::optional<uint64_t> compiled_in_weight_bytes(
     torch::inductor::AOTIModelContainerRunner& runner) {
-  const auto& library = runner.*RunnerAccess::library();
-  if (!library) return std::nullopt;
-  try {
-    auto* start = static_cast<const char*>(library->sym("_binary_constants_bin_start"));
-    auto* end = static_cast<const char*>(library->sym("_binary_constants_bin_end"));
-    if (end < start) return std::nullopt;
-    return static_cast<uint64_t>(end - start);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  auto* start = library_function<const char>(runner, "_binary_constants_bin_start");
+  auto* end = library_function<const char>(runner, "_binary_constants_bin_end");
+  if (!start || !end || end < start) return std::nullopt;
+  return static_cast<uint64_t>(end - start);
 }
 
 std::string files_label(const std::vector<std::string>& files) {
@@ -60,8 +95,10 @@ std::string files_label(const std::vector<std::string>& files) {
 std::vector<aoti::PackageConstant> package_constants(
     torch::inductor::AOTIModelContainerRunner& runner) {
   auto dtypes = runner.getConstantNamesToDtypes();
+  auto folded = folded_constants(runner);
   std::vector<aoti::PackageConstant> constants;
   for (const auto& [name, fqn] : runner.getConstantNamesToOriginalFQNs()) {
+    if (folded.count(name) != 0) continue;
     aoti::PackageConstant constant;
     constant.name = name;
     constant.fqn = fqn;
@@ -158,16 +195,24 @@ ConstantsReport load_constants(torch::inductor::AOTIModelContainerRunner& runner
   for (const auto& pair : match.sources) {
     probes.emplace(pair.constant->name, probe(pair.source->shape, pair.constant->dtype, device));
   }
+  // The package's allocations land on the current device (AOTInductor's container allocates
+  // there): the package's own, where the caller named it.
+  c10::OptionalDeviceGuard on_device;
+  if (device.has_index()) on_device.reset_device(device);
+  // A buffer swapped out may still be read by runs queued on a device: freeing it first waits
+  // for them (cudaFree) and keeps the old and new inactive weights from coexisting.
+  if (options.use_inactive) runner.free_inactive_constant_buffer();
+  try {
+    runner.update_constant_buffer(probes, options.use_inactive, /*validate_full_updates=*/true,
+                                  /*user_managed=*/false);
+  } catch (const std::exception& refused) {
+    // Refused before any buffer changed (AOTInductor checks every tensor's device first).
+    throw Error(
+        ErrorKind::Argument, label, "",
+        std::string("the package refused buffers on ") + device.str() + ": " + refused.what());
+  }
   ConstantsReport report;
   try {
-    try {
-      runner.update_constant_buffer(probes, options.use_inactive, /*validate_full_updates=*/true,
-                                    /*user_managed=*/false);
-    } catch (const std::exception& refused) {
-      throw Error(
-          ErrorKind::Argument, label, "",
-          std::string("the package refused buffers on ") + device.str() + ": " + refused.what());
-    }
     auto buffers = runner.extract_constants_map(options.use_inactive);
     std::map<std::string, std::vector<int64_t>> shapes;
     for (const auto& [fqn, buffer] : buffers) shapes.emplace(fqn, buffer.sizes().vec());

@@ -1,6 +1,11 @@
 #include "api/aoti_package_class.h"
 
 #include <torch/custom_class.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <limits>
+#include <mutex>
 
 #include "instanttensor/aoti.h"
 
@@ -8,14 +13,45 @@ namespace instanttensor {
 
 namespace {
 
+// The package at `path`, or an Error naming the path (torch's loader says neither which file
+// nor, for a missing one, that it is missing).
+std::unique_ptr<torch::inductor::AOTIModelPackageLoader> open_package(const std::string& path,
+                                                                      const std::string& model_name,
+                                                                      int64_t device_index) {
+  if (device_index < -1 || device_index > std::numeric_limits<c10::DeviceIndex>::max()) {
+    throw Error(ErrorKind::Argument, path, "",
+                "device_index=" + std::to_string(device_index) + " is not a device index");
+  }
+  if (access(path.c_str(), R_OK) != 0) throw system_error(errno, path, "cannot open the package");
+  try {
+    return std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+        path, model_name, /*run_single_threaded=*/false, /*num_runners=*/1,
+        static_cast<c10::DeviceIndex>(device_index));
+  } catch (const std::exception& error) {
+    throw Error(ErrorKind::Format, path, "",
+                std::string("not an AOTInductor package torch can load: ") + error.what());
+  }
+}
+
 // Python and TorchScript's handle on a package: torch::inductor::AOTIModelPackageLoader plus
 // load_constants. Methods run without the GIL, so a Python thread can run() while another loads
-// the inactive buffer; one load at a time per package (the caller's to keep).
+// the inactive buffer. Loads, swaps and frees of the inactive buffer take turns (a swap or free
+// during a load would serve partial weights or free the memory being filled); run() does not
+// wait for them.
 class AOTIPackageHolder : public torch::CustomClassHolder {
  public:
   AOTIPackageHolder(const std::string& path, const std::string& model_name, int64_t device_index)
-      : package_(path, model_name, /*run_single_threaded=*/false, /*num_runners=*/1,
-                 static_cast<c10::DeviceIndex>(device_index)) {}
+      : package_(open_package(path, model_name, device_index)) {
+    auto metadata = package_->get_metadata();
+    auto key = metadata.find("AOTI_DEVICE_KEY");
+    if (key == metadata.end() || key->second.empty()) {
+      throw Error(ErrorKind::Format, path, "", "the package's metadata names no device");
+    }
+    device_ = c10::Device(key->second);
+    if (device_index >= 0 && !device_.is_cpu()) {
+      device_.set_index(static_cast<c10::DeviceIndex>(device_index));
+    }
+  }
 
   // (FQNs filled, checkpoint tensors left unread, bytes written). `names` maps an FQN to its
   // checkpoint name where given (Python's rename=, evaluated there); else prefix + FQN.
@@ -40,28 +76,37 @@ class AOTIPackageHolder : public torch::CustomClassHolder {
     options.open.concurrency = concurrency;
     options.open.staging_size = staging_size;
     options.open.print_warnings = false;
-    auto report = instanttensor::load_constants(package_, files, options);
+    std::lock_guard<std::mutex> turn(buffers_mutex_);
+    auto report = instanttensor::load_constants(*package_->get_runner(), device_, files, options);
     return {std::move(report.constants), std::move(report.unused_tensors),
             static_cast<int64_t>(report.bytes)};
   }
 
-  void swap_constant_buffer() { package_.get_runner()->swap_constant_buffer(); }
-  void free_inactive_constant_buffer() { package_.get_runner()->free_inactive_constant_buffer(); }
-  std::vector<at::Tensor> run(std::vector<at::Tensor> inputs) { return package_.run(inputs); }
+  void swap_constant_buffer() {
+    std::lock_guard<std::mutex> turn(buffers_mutex_);
+    package_->get_runner()->swap_constant_buffer();
+  }
+  void free_inactive_constant_buffer() {
+    std::lock_guard<std::mutex> turn(buffers_mutex_);
+    package_->get_runner()->free_inactive_constant_buffer();
+  }
+  std::vector<at::Tensor> run(std::vector<at::Tensor> inputs) { return package_->run(inputs); }
   std::vector<std::string> get_constant_fqns() {
-    auto fqns = package_.get_constant_fqns();
+    auto fqns = package_->get_constant_fqns();
     std::sort(fqns.begin(), fqns.end());
     return fqns;
   }
-  std::vector<std::string> get_call_spec() { return package_.get_call_spec(); }
+  std::vector<std::string> get_call_spec() { return package_->get_call_spec(); }
   c10::Dict<std::string, std::string> get_metadata() {
     c10::Dict<std::string, std::string> out;
-    for (const auto& [key, value] : package_.get_metadata()) out.insert(key, value);
+    for (const auto& [key, value] : package_->get_metadata()) out.insert(key, value);
     return out;
   }
 
  private:
-  torch::inductor::AOTIModelPackageLoader package_;
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package_;
+  c10::Device device_{c10::kCPU};
+  std::mutex buffers_mutex_;  // loads, swaps and frees take turns
 };
 
 }  // namespace

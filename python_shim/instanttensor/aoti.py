@@ -17,11 +17,13 @@
 `load_package` opens the package in instanttensor's engine (`torch.classes.instanttensor.
 AOTIPackage`, which TorchScript can use too): the constants are checked (names, dtypes, shapes)
 before any byte is read and filled in place, in the package's own buffers, in one pass.
-`load_constants` also takes torch's own `torch._inductor.aoti_load_package(...)` object; torch's
-Python binding exposes neither the constants' dtypes and shapes nor the package's buffers nor a
-swap, so there the names are checked, the tensors are read once into memory of their own that the
-package then uses as is (`user_managed=True`, kept alive on the object), and `use_inactive` is
-refused.
+`load_constants` also takes torch's own `torch._inductor.aoti_load_package(...)` object, with
+`unchecked=True` only: torch's Python binding exposes neither the constants' dtypes and shapes
+nor the package's buffers nor a swap, so there only the names are checked, the tensors are read
+once into memory of their own that the package then uses as is (`user_managed=True`, kept alive
+on the object; torch never releases the weights a reload replaces), and `use_inactive` is refused.
+A dtype or shape that differs reaches kernels compiled for the package's: open the package with
+`load_package` instead.
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ def load_package(path: PathLike, model_name: str = "model", device_index: int = 
 def load_constants(package: Any, files: PathLike | Sequence[PathLike], *, prefix: str = "",
                    rename: Callable[[str], str] | None = None, strict: bool = True,
                    use_inactive: bool = False, backend: str | None = None,
-                   concurrency: int | None = None, staging_size: int | None = None
-                   ) -> ConstantsReport:
+                   concurrency: int | None = None, staging_size: int | None = None,
+                   unchecked: bool = False) -> ConstantsReport:
     """Fills `package`'s constants from safetensors `files` (one path or a list), reading only
     their bytes, once.
 
@@ -104,8 +106,8 @@ def load_constants(package: Any, files: PathLike | Sequence[PathLike], *, prefix
     buffer for `swap_constant_buffer()` while the active one keeps serving; a failure then frees
     it and leaves the active one untouched. A failed load into the active buffer leaves the
     package refusing to run until a load succeeds (never partial weights).
-    `package`: a `Package` (from `load_package`), or torch's `aoti_load_package` object (see the
-    module's documentation for what its binding allows).
+    `package`: a `Package` (from `load_package`), or torch's `aoti_load_package` object with
+    `unchecked=True` (names checked only: see the module's documentation).
     """
     paths = [os.fspath(files)] if isinstance(files, (str, os.PathLike)) else [
         os.fspath(f) for f in files]
@@ -118,6 +120,12 @@ def load_constants(package: Any, files: PathLike | Sequence[PathLike], *, prefix
                 paths, prefix, names, strict, use_inactive, backend, concurrency, staging_size)
         return ConstantsReport(list(constants), list(unused), int(nbytes))
     if hasattr(package, "loader") and hasattr(package, "load_constants"):
+        if not unchecked:
+            raise SafetensorValueError(
+                "torch's aoti_load_package object states no dtypes or shapes of its constants, "
+                "so they cannot be checked: open the package with "
+                "instanttensor.aoti.load_package(path), or pass unchecked=True (names checked "
+                "only)")
         return _load_into_torch_package(package, paths, prefix, rename, strict, use_inactive,
                                         backend)
     raise SafetensorValueError(

@@ -5,13 +5,17 @@
 // load_constants on a runner is tested on a device target (tests/python/test_aoti_device.py).
 //
 // Its constant buffers behave as AOTInductor's container does (model_container.h), where the
-// loader depends on it: two buffers (active, inactive); an update copies storage-size bytes from
-// each given tensor into the buffer's own memory, allocated on first use, and makes the
-// buffer's tensor with the model's shape and the given tensor's strides; a tensor on another
-// device type is refused; run() refuses a buffer that was never updated or was freed; the swap
-// waits for runs underway.
+// loader depends on it: two buffers (active, inactive), each raw device memory allocated on first
+// update; an update refuses a tensor on another device type before changing anything, copies
+// storage-size bytes from each given tensor into the buffer and makes the buffer's tensor, not
+// owning its memory, with the model's shape and the given tensor's strides; freeing the inactive
+// buffer frees its memory and leaves its tensors pointing there (so a write into a freed buffer
+// shows as a stale access on the simulated device); run() refuses a buffer never updated or
+// freed; the swap waits for runs underway. Unlike AOTInductor's, run() computes on the host (the
+// simulated device has no kernels), and there is no constant folding.
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/inductor/aoti_runtime/interface.h>
 
 #include <array>
@@ -33,8 +37,8 @@ const std::array<Constant, 2> kConstants = {
     {{"linear_weight", "linear.weight", {kOut, kIn}}, {"linear_bias", "linear.bias", {kOut}}}};
 
 struct Buffer {
-  at::Tensor blob;                        // the container's memory, bytes
-  std::map<std::string, at::Tensor> map;  // constant name -> its tensor over `blob`
+  c10::DataPtr blob;                      // the container's memory, raw
+  std::map<std::string, at::Tensor> map;  // constant name -> its tensor over `blob`, not owning
   bool initialized = false;
 };
 
@@ -80,6 +84,7 @@ size_t constant_index(size_t idx) {
 }
 
 int64_t slot_offset(size_t idx) { return idx == 0 ? 0 : kOut * kIn * 4; }
+constexpr int64_t kBlobBytes = kOut * kIn * 4 + kOut * 4;
 
 void update(Container& container, const std::unordered_map<std::string, AtenTensorHandle>& given,
             bool use_inactive, bool validate_full_update, bool user_managed) {
@@ -105,19 +110,22 @@ void update(Container& container, const std::unordered_map<std::string, AtenTens
       buffer.map[kConstants[i].name] = source;
       continue;
     }
-    if (!buffer.blob.defined()) {
-      buffer.blob = at::empty({slot_offset(1) + kOut * 4},
-                              at::TensorOptions().dtype(at::kByte).device(container.device));
-    }
-    at::Tensor values = buffer.blob.view(at::kFloat);
-    // As AOTInductor, storage-size bytes (none from a probe of 0 bytes), at the slot's offset.
-    if (source.storage().nbytes() > 0) {
-      values.narrow(0, slot_offset(i) / 4, source.numel()).copy_(source.reshape({-1}));
+    if (!buffer.blob) {
+      c10::DeviceGuard guard(container.device);
+      buffer.blob = c10::GetAllocator(container.device.type())->allocate(kBlobBytes);
     }
     const auto& shape = kConstants[i].shape;
     std::vector<int64_t> strides(source.strides().begin(),
                                  source.strides().begin() + static_cast<int64_t>(shape.size()));
-    buffer.map[kConstants[i].name] = values.as_strided(shape, strides, slot_offset(i) / 4);
+    auto* slot = static_cast<uint8_t*>(buffer.blob.get()) + slot_offset(i);
+    at::Tensor tensor = at::for_blob(slot, shape)
+                            .strides(strides)
+                            .options(source.options())
+                            .target_device(container.device)
+                            .make_tensor();
+    // As AOTInductor, storage-size bytes (none from a probe of 0 bytes).
+    if (source.storage().nbytes() > 0) tensor.copy_(source);
+    buffer.map[kConstants[i].name] = tensor;
   }
   buffer.initialized = true;
 }
@@ -201,6 +209,7 @@ AOTI_API AOTIRuntimeError AOTInductorModelContainerExtractConstantsMap(
   return guarded([&] {
     auto& out = *reinterpret_cast<std::unordered_map<std::string, AtenTensorHandle>*>(map_handle);
     Buffer& buffer = container_of(handle)->target(use_inactive);
+    // A freed buffer's tensors stay in its map (pointing at freed memory), as AOTInductor's.
     for (const auto& constant : kConstants) {
       auto found = buffer.map.find(constant.name);
       // The container's own handles, as AOTInductor's: the caller does not own them.
@@ -239,7 +248,9 @@ AOTInductorModelContainerSwapConstantBuffer(AOTInductorModelContainerHandle hand
 
 AOTI_API AOTIRuntimeError
 AOTInductorModelContainerFreeInactiveConstantBuffer(AOTInductorModelContainerHandle handle) {
-  container_of(handle)->target(true) = Buffer{};
+  Buffer& inactive = container_of(handle)->target(true);
+  inactive.blob.clear();  // the memory; the map keeps its tensors, as AOTInductor's does
+  inactive.initialized = false;
   return AOTI_RUNTIME_SUCCESS;
 }
 
@@ -279,7 +290,7 @@ AOTI_API AOTIRuntimeError AOTInductorModelContainerRunConstantFolding(
 
 AOTI_API AOTIRuntimeError
 AOTInductorModelContainerGetConstantsBlobSize(AOTInductorModelContainerHandle, uint64_t* size) {
-  *size = static_cast<uint64_t>(slot_offset(1) + kOut * 4);
+  *size = static_cast<uint64_t>(kBlobBytes);
   return AOTI_RUNTIME_SUCCESS;
 }
 

@@ -3,7 +3,6 @@ torch.classes.instanttensor.AOTIPackage) and torch's own aoti_load_package objec
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import List
 
@@ -209,18 +208,21 @@ def test_a_load_into_the_active_buffer_failing_midway_leaves_nothing_to_run(
     assert_serves(package, second)
 
 
-def test_torchs_own_package_object_takes_the_checkpoint(compiled, checkpoints, tmp_path):
+def test_torchs_own_package_object_takes_the_checkpoint_only_unchecked(compiled, checkpoints,
+                                                                         tmp_path):
     (path, model), _ = checkpoints
     package = torch._inductor.aoti_load_package(compiled[0])
-    report = instanttensor.load_constants(package, path)
+    with pytest.raises(ValueError, match="unchecked=True"):
+        instanttensor.load_constants(package, path)
+    report = instanttensor.load_constants(package, path, unchecked=True)
     assert report.constants == sorted(weights(model))
     assert_serves(package, model)
     missing = str(tmp_path / "missing.safetensors")
     save_file({k: v for k, v in weights(model).items() if k != "norm.bias"}, missing)
     with pytest.raises(KeyError, match="norm.bias"):
-        instanttensor.load_constants(package, missing)
+        instanttensor.load_constants(package, missing, unchecked=True)
     with pytest.raises(ValueError, match="swap_constant_buffer"):
-        instanttensor.load_constants(package, path, use_inactive=True)
+        instanttensor.load_constants(package, path, use_inactive=True, unchecked=True)
     assert_serves(package, model)
 
 
@@ -241,9 +243,12 @@ def test_torchscript_drives_the_package_class(compiled, checkpoints):
     assert_serves(package, second)
 
 
-def test_a_package_that_is_no_package_names_the_path(tmp_path):
+def test_a_package_that_is_no_package_or_is_missing_names_the_path(tmp_path):
     bogus = tmp_path / "bogus.pt2"
     bogus.write_bytes(b"not a zip")
-    with pytest.raises(RuntimeError, match="zip"):
+    with pytest.raises(ValueError, match=r"bogus.pt2: not an AOTInductor package.*zip"):
         aoti.load_package(str(bogus))
-    assert not os.path.exists(str(tmp_path / "missing.pt2"))
+    with pytest.raises(FileNotFoundError, match="missing.pt2"):
+        aoti.load_package(str(tmp_path / "missing.pt2"))
+    with pytest.raises(ValueError, match="device_index=-7"):
+        aoti.load_package(str(bogus), device_index=-7)

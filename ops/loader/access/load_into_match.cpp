@@ -6,26 +6,13 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "format/message_text.h"
 #include "format/torch_dtype.h"
 #include "loader/access/load_into.h"
 
 namespace instanttensor::loader {
 
 namespace {
-
-std::string shape_text(c10::IntArrayRef shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-std::string some_names(const std::vector<std::string>& names) {
-  constexpr size_t kShown = 20;
-  std::string text;
-  for (size_t i = 0; i < names.size() && i < kShown; ++i) text += (i ? ", " : "") + names[i];
-  if (names.size() > kShown) text += ", and " + std::to_string(names.size() - kShown) + " more";
-  return text;
-}
 
 // [first byte, one past the last byte) that a strided destination's elements touch.
 std::pair<uintptr_t, uintptr_t> byte_extent(const at::Tensor& t) {
@@ -54,7 +41,8 @@ void check_destination(const format::Checkpoint& checkpoint, const Fill& fill) {
   }
   auto shape = format::to_torch_shape(*t.entry, file);
   if (dest.sizes() != c10::IntArrayRef(shape)) {
-    fail("has shape " + shape_text(dest.sizes()) + ", the file has " + shape_text(shape));
+    fail("has shape " + format::shape_text(dest.sizes().vec()) + ", the file has " +
+         format::shape_text(shape));
   }
   if (dest.numel() > 0 && at::has_internal_overlap(dest) == at::MemOverlap::Yes) {
     fail("is not writable element by element (its elements overlap, as in an expanded tensor)");
@@ -103,13 +91,13 @@ MatchedDestinations match_destinations(const format::Checkpoint& checkpoint,
       message += ' ';
       message += std::to_string(matched.result.missing_keys.size());
       message += " destination(s) with no tensor in the checkpoint: ";
-      message += some_names(matched.result.missing_keys) + ";";
+      message += format::some_names(matched.result.missing_keys) + ";";
     }
     if (!matched.result.unexpected_keys.empty()) {
       message += ' ';
       message += std::to_string(matched.result.unexpected_keys.size());
       message += " tensor(s) of the checkpoint with no destination: ";
-      message += some_names(matched.result.unexpected_keys) + ";";
+      message += format::some_names(matched.result.unexpected_keys) + ";";
     }
     message += " pass strict=False to fill the names both sides have";
     throw Error(ErrorKind::Key, first_file, "", message);
