@@ -69,3 +69,33 @@ def packages() -> tuple[str, str]:
             inductor_configs={"aot_inductor.package_constants_in_so": inside})
         os.replace(partial, path)  # a run that stops midway never leaves half a package
     return paths
+
+
+class Folded(torch.nn.Module):
+    """Weights the package transforms once (runtime constant folding): the transformed tensors
+    are constants the package computes, from no checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 32))
+        self.b = torch.nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.w.t() * 2 + 1) + self.b.exp()
+
+
+def folding_package() -> str:
+    """A constants-free package of Folded compiled with aot_inductor.use_runtime_constant_folding,
+    cached as packages() are."""
+    free, _ = packages()
+    path = os.path.join(os.path.dirname(free), "folding.pt2")
+    if not os.path.exists(path):
+        torch.manual_seed(0)
+        exported = torch.export.export(Folded().eval(), (torch.randn(4, 32),))
+        partial = path[:-4] + f".{os.getpid()}.pt2"
+        torch._inductor.aoti_compile_and_package(
+            exported, package_path=partial,
+            inductor_configs={"aot_inductor.package_constants_in_so": False,
+                              "aot_inductor.use_runtime_constant_folding": True})
+        os.replace(partial, path)
+    return path

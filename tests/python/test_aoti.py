@@ -252,3 +252,23 @@ def test_a_package_that_is_no_package_or_is_missing_names_the_path(tmp_path):
         aoti.load_package(str(tmp_path / "missing.pt2"))
     with pytest.raises(ValueError, match="device_index=-7"):
         aoti.load_package(str(bogus), device_index=-7)
+
+
+def test_constants_the_package_folds_come_from_no_checkpoint(tmp_path):
+    from aoti_model import Folded, folding_package
+
+    package = aoti.load_package(folding_package())
+    assert any(fqn.startswith("_FOLDED_CONST") for fqn in package.get_constant_fqns())
+    models = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        models.append(Folded().eval())
+        save_file(weights(models[-1]), str(tmp_path / f"{seed}.safetensors"))
+    x = torch.randn(4, 32)
+    report = aoti.load_constants(package, str(tmp_path / "1.safetensors"))
+    assert report.constants == ["b", "w"]
+    with torch.no_grad():
+        torch.testing.assert_close(package(x), models[0](x))
+        aoti.load_constants(package, str(tmp_path / "2.safetensors"), use_inactive=True)
+        package.swap_constant_buffer()  # folded again from the new weights at the next run
+        torch.testing.assert_close(package(x), models[1](x))
