@@ -39,3 +39,24 @@ def _format_to_torch() -> dict[str, str]:
 def torch_dtype_of_format(code: str) -> torch.dtype:
     """The torch dtype of a safetensors name ('BF16' -> torch.bfloat16)."""
     return getattr(torch, _format_to_torch()[code])
+
+
+# float4_e2m1fn_x2 packs two F4 values in a byte: the header's last dimension counts values, the
+# torch tensor's counts bytes. The one place both directions are written.
+_PACKED = {"F4": 2}
+
+
+def header_shape(code: str, torch_shape: list[int]) -> list[int]:
+    """The header's shape for a tensor of format dtype `code` ('F4') and torch shape."""
+    shape = list(torch_shape)
+    if code in _PACKED and shape:
+        shape[-1] *= _PACKED[code]
+    return shape
+
+
+def torch_shape(code: str, header: list[int]) -> list[int]:
+    """The torch shape of a header entry of format dtype `code` and shape `header`."""
+    shape = list(header)
+    if code in _PACKED and shape:
+        shape[-1] //= _PACKED[code]
+    return shape

@@ -272,6 +272,11 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         if self._meta or self._framework != "pt":
             yield from self._converted_pass()
             return
+        yield from self._engine_pass()
+
+    def _engine_pass(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The engine's pass: tensors (views of the page cache, borrowed or owned as the mode
+        says) in storage order."""
         with engine_errors():
             self._data_engine().restart()
         step = self._engine().next
@@ -291,13 +296,17 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             del tensor  # the consumer now owns the only reference this frame had
 
     def _converted_pass(self) -> Iterator[tuple[str, Any]]:
-        """tensors() for meta targets (shapes only) and numpy (owned arrays)."""
+        """tensors() for meta targets (shapes only) and numpy: streamed, each array owning a copy
+        of its bytes, made while the pass is at its tensor (a numpy array is an exported pointer,
+        which a view kept past its step could not follow), the view dropped at once."""
         if self._meta:
             for name in self.offset_keys():
                 yield name, self._tensor(name)
             return
-        for name, tensor in self._all_tensors().items():
-            yield name, as_framework(tensor, self._framework, name)
+        for name, tensor in self._engine_pass():
+            owned = tensor.clone()
+            del tensor
+            yield name, as_framework(owned, self._framework, name)
 
     def _all_tensors(self) -> dict[str, torch.Tensor]:
         """Every selected tensor, owned, in storage order (load_file's one pass)."""
@@ -314,8 +323,9 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     def get_tensors(self) -> dict[str, Any]:
         """Every selected tensor, owned, by name in storage order (the reference's get_tensors;
         one pipelined pass)."""
-        return {name: as_framework(tensor, self._framework, name)
-                for name, tensor in self._all_tensors().items()}
+        if self._framework != "pt":
+            return dict(self._converted_pass())
+        return self._all_tensors()
 
     def get_tensor(self, name: str) -> Any:
         """An owned tensor (a numpy array for framework="np"), in any order, any number of

@@ -17,7 +17,7 @@ import torch
 
 from ._errors import SafetensorTypeError, SafetensorValueError, engine_errors
 from ._library import load_library
-from ._dtypes import torch_to_format
+from ._dtypes import header_shape, torch_to_format
 from ._paths import PathLike
 
 
@@ -45,9 +45,7 @@ class TensorSpec:
         if code is None:
             raise SafetensorValueError(
                 f"Unknown dtype {dtype!r}. Supported dtypes: {', '.join(names)}")
-        dims = [_non_negative("shape", d) for d in shape]
-        if code == "F4" and dims:
-            dims[-1] *= 2  # two F4 values per byte: the header counts values
+        dims = header_shape(code, [_non_negative("shape", d) for d in shape])
         self._dtype = code
         self._shape = dims
         self._data_ptr = _non_negative("data_ptr", data_ptr)

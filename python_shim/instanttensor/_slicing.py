@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
 import torch
 
-from ._dtypes import format_name
+from ._dtypes import format_name, header_shape
 from ._errors import SafetensorIndexError, SafetensorValueError
 from ._frameworks import as_framework
 
@@ -126,10 +126,7 @@ class SafeSlice:
     def get_shape(self) -> list[int]:
         # The header's shape, as safetensors gives it: F4 counts unpacked elements, two per byte
         # of the packed float4_e2m1fn_x2 tensor that indexing works on.
-        shape = list(self._shape)
-        if self._dtype == torch.float4_e2m1fn_x2 and shape:
-            shape[-1] *= 2
-        return shape
+        return header_shape(format_name(self._dtype), self._shape)
 
     def get_dtype(self) -> str:
         return format_name(self._dtype)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 
-from ._dtypes import torch_dtype_of_format
+from ._dtypes import torch_dtype_of_format, torch_shape
 from ._errors import SafetensorRuntimeError, SafetensorValueError
 from ._files import check_tensors_to_save, load_file, save_file
 from ._safe_open import safe_open
@@ -197,8 +197,7 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
     result = {}
     for name, dtype_code, shape, begin, end in parsed.entries:
         dtype = torch_dtype_of_format(dtype_code)
-        if dtype == torch.float4_e2m1fn_x2 and shape:
-            shape = shape[:-1] + [shape[-1] // 2]  # two values per stored byte
+        shape = torch_shape(dtype_code, shape)
         if end == begin:
             result[name] = torch.empty(shape, dtype=dtype)
         else:

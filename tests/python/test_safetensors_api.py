@@ -296,6 +296,26 @@ def test_numpy_framework_everywhere(tmp_path):
         instanttensor.safe_open(path, framework="flax")
 
 
+def test_numpy_iteration_streams_arrays_that_own_their_bytes(tmp_path):
+    # Each array is handed out while the pass is at its tensor (not after every tensor is
+    # loaded), owning a copy: nothing is kept past its step, so no view is leased or copied out.
+    path = tmp_path / "many.safetensors"
+    tensors = {f"t{i:02d}": torch.full((256,), float(i)) for i in range(16)}
+    safetensors.torch.save_file(tensors, path)
+    with instanttensor.safe_open(path, framework="np") as f:
+        stream = f.tensors()
+        name, first = next(stream)
+        assert name == "t00" and f.stats()["tensors_loaded"] == 1
+        arrays = {name: first, **dict(stream)}
+        assert f.stats()["leased_views"] == 0 and f.stats()["materializations"] == 0
+    for name, tensor in tensors.items():
+        np.testing.assert_array_equal(arrays[name], tensor.numpy())
+    arrays["t03"][0] = -1.0  # its own bytes: the file and the other arrays are untouched
+    assert arrays["t04"][0] == 4.0
+    with instanttensor.safe_open(path, framework="np") as f:
+        assert f.get_tensor("t03")[0] == 3.0
+
+
 def test_get_tensors_and_meta_device(tmp_path):
     path = tmp_path / "m.safetensors"
     tensors = {"a": torch.randn(4, 3), "b": torch.arange(5)}
