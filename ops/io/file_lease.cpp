@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "io/direct_io.h"
-#include "io/fault_free_copy.h"
+#include "io/frozen_pages.h"
 #include "io/process_id.h"
 #include "io/thread_name.h"
 
@@ -75,21 +75,6 @@ uint64_t round_up(uint64_t value, uint64_t to) { return (value + to - 1) / to * 
 uint64_t size_of(int fd) {
   struct stat st {};
   return ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-}
-
-// Private copies of [start, start + length) at the same addresses, in one step: a reader sees
-// the file's page or its copy, never a hole. Bytes at or past `available` (a file's end) are
-// zeros, never read (SIGBUS). False when no copy could be made.
-bool replace_by_copies(uint8_t* start, uint64_t length, uint64_t available) {
-  void* fresh = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (fresh == MAP_FAILED) return false;
-  // The kernel's copy: a page past the end (a truncation the lease did not hold back) is zeros.
-  (void)copy_without_faults(fresh, start, std::min(length, available));
-  if (::mremap(fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, start) == MAP_FAILED) {
-    ::munmap(fresh, length);
-    return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -284,9 +269,7 @@ ViewProtection::~ViewProtection() {
   }
   std::sort(keep.begin(), keep.end());
   auto remap = [&](uint64_t begin, uint64_t end) {
-    if (end <= begin) return;
-    ::mmap(mapping_start_ + begin, end - begin, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED,
-           lease_->fd_, static_cast<off_t>(begin));
+    if (end > begin) restore_file_pages(mapping_start_, lease_->fd_, begin, end - begin);
   };
   uint64_t from = begin_;
   for (auto [begin, end] : keep) {
