@@ -116,6 +116,11 @@ struct Stats {
   // Whether the bytes were exchanged over a process group, and why: "none (single process)",
   // "none (one host, host target)", "device (device target)", "host (exchange=always)", ...
   std::string exchange;
+  // The staging ring's memory once used: "pinned" (accelerators), "host" (a CPU target with
+  // force_staging), or "pageable (pinning refused: <why>)" where the platform refused to pin it
+  // (a locked-memory limit...): the bytes then stage through pageable memory, copies slower,
+  // with a warning once per process. Empty while nothing was staged.
+  std::string staging;
 };
 
 // What load_into left unfilled (both empty with strict=true, which raises instead), sorted.

@@ -100,6 +100,7 @@ class LoaderHolder : public torch::CustomClassHolder {
   }
   std::string backend() { return opened_.stats().backend; }
   std::string exchange() { return opened_.stats().exchange; }
+  std::string staging() { return opened_.stats().staging; }
   int64_t total_tensor_size() { return static_cast<int64_t>(opened_.total_tensor_size()); }
   int64_t buffer_size() { return static_cast<int64_t>(opened_.buffer_size()); }
   bool copy() { return opened_.copy(); }
@@ -145,6 +146,7 @@ void define_loader_class(torch::Library& m) {
       .def("stats", &LoaderHolder::stats)
       .def("backend", &LoaderHolder::backend)
       .def("exchange", &LoaderHolder::exchange)
+      .def("staging", &LoaderHolder::staging)
       .def("total_tensor_size", &LoaderHolder::total_tensor_size)
       .def("buffer_size", &LoaderHolder::buffer_size)
       .def("copy", &LoaderHolder::copy)

@@ -95,6 +95,10 @@ Stats Loader::stats() const {
   auto lock = mutex_.lock();
   Stats stats = stats_;
   stats.recycled_blocks = memory_->recycled()->reuses();
+  if (loader::DeviceStage* stage = memory_->stage()) {
+    std::string staging = stage->staging().staging_memory();
+    if (!staging.empty()) stats.staging = std::move(staging);
+  }
   return stats;
 }
 

@@ -377,7 +377,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
 
     def stats(self) -> dict[str, Any]:
         """Counters since open: bytes_read, read_requests, materializations, timings, backend,
-        exchange (whether a process group exchanged bytes, and why). After close() of a handle
+        exchange (whether a process group exchanged bytes, and why), staging (the staging ring's
+        memory: "pinned", or "pageable (pinning refused: ...)" where the platform refused). After close() of a handle
         that was opened, still answers with the final counts."""
         engine = self._handle if self._closed and self._handle is not None else self._engine()
         with engine_errors():
@@ -387,6 +388,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             }
             counters["backend"] = engine.backend()
             counters["exchange"] = engine.exchange()
+            counters["staging"] = engine.staging()
         return counters
 
     def __del__(self) -> None:

@@ -107,6 +107,11 @@ def set_delays(on: bool) -> None:
     torch.ops.simdev.set_delays(bool(on))
 
 
+def set_pinned_limit(nbytes: int) -> None:
+    """A locked-memory limit: pinning beyond `nbytes` in use is refused (negative: none)."""
+    torch.ops.simdev.set_pinned_limit(int(nbytes))
+
+
 def pinned_bytes() -> int:
     """Pinned host bytes the simulated device's host allocator holds now."""
     return int(torch.ops.simdev.pinned_bytes())

@@ -7,6 +7,9 @@ and expects this file to fail."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -295,6 +298,69 @@ def test_load_into_device_parameters_with_slow_copies(accel, checkpoint):
         assert tensor.data_ptr() == pointers[name], name
         assert same_bytes(on_host(tensor), tensors[name]), name
     assert accel.pinned() == 0
+
+
+@pytest.mark.parametrize("limit", [0, 16 << 10])
+def test_a_refused_pinning_stages_through_pageable_memory(accel, checkpoint, limit):
+    # A locked-memory limit (none at all, or below the ring): every API still delivers every
+    # byte, staging through pageable memory; stats() says so; nothing stays pinned.
+    if KIND != "simdev":
+        pytest.skip("the simulated device's locked-memory limit")
+    paths, tensors = checkpoint
+    before = accel.allocated(0)
+    simulated_device.set_pinned_limit(limit)
+    try:
+        for copy in (True, False):
+            with instanttensor.safe_open(paths, device=f"{accel.kind}:0", copy=copy,
+                                         staging_size=64 << 10) as f:
+                for name, tensor in f.tensors():
+                    assert same_bytes(on_host(tensor), tensors[name]), name
+                del tensor
+                assert f.stats()["staging"].startswith("pageable (pinning refused: simdev: "
+                                                       "pinning"), f.stats()["staging"]
+        destinations = {n: torch.zeros(t.shape, dtype=t.dtype, device=accel.current())
+                        for n, t in tensors.items()}
+        with instanttensor.safe_open(paths, staging_size=64 << 10) as f:
+            f.load_into(destinations)
+            assert f.stats()["staging"].startswith("pageable"), f.stats()["staging"]
+        for name, destination in destinations.items():
+            assert same_bytes(on_host(destination), tensors[name]), name
+        assert accel.pinned() == 0
+    finally:
+        simulated_device.set_pinned_limit(-1)
+    del destinations, destination
+    gc.collect()
+    assert accel.allocated(0) == before
+    with instanttensor.safe_open(paths, device=f"{accel.kind}:0", staging_size=64 << 10) as f:
+        dict(f.tensors())
+        assert f.stats()["staging"] == "pinned"
+
+
+REFUSED_PINNING_CHILD = """
+import sys, warnings, torch
+sys.path.insert(0, sys.argv[1])
+import instanttensor, simulated_device
+simulated_device.load()
+simulated_device.set_pinned_limit(0)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        with instanttensor.safe_open(sys.argv[2:], device="simdev:0") as f:
+            dict(f.tensors())
+print(sum("pinning" in str(w.message) for w in caught))
+"""
+
+
+def test_a_refused_pinning_warns_once_per_process(accel, checkpoint):
+    if KIND != "simdev":
+        pytest.skip("the simulated device's locked-memory limit")
+    paths, _ = checkpoint
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, INSTANTTENSOR_CMAKE_BUILD_DIR=simulated_device.build_dir())
+    child = subprocess.run([sys.executable, "-c", REFUSED_PINNING_CHILD, here, *paths],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split()[-1] == "1", child.stdout + child.stderr
 
 
 def test_the_budget_comes_from_the_devices_free_memory(accel, checkpoint):

@@ -135,6 +135,10 @@ struct PinnedAllocator final : public at::HostAllocator {
     // Page-aligned, rounded to a power of two as torch's caching host allocators do.
     size_t size = 4096;
     while (size < nbytes) size <<= 1;
+    int64_t limit = pinned_limit();
+    TORCH_CHECK(limit < 0 || pinned_bytes_in_use() + size <= static_cast<uint64_t>(limit),
+                "simdev: pinning ", nbytes, " bytes refused (locked-memory limit of ", limit,
+                " bytes)");
     void* base = std::aligned_alloc(4096, size);
     TORCH_CHECK(base != nullptr, "simdev: out of pinned memory allocating ", nbytes, " bytes");
     add_pinned_block(base, size);

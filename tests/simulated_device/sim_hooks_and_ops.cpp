@@ -51,6 +51,7 @@ TORCH_LIBRARY(simdev, m) {
   m.def("set_delays(bool on) -> ()", [](bool on) { set_delays(on); });
   m.def("delays() -> bool", [] { return delays(); });
   m.def("pinned_bytes() -> int", [] { return static_cast<int64_t>(pinned_bytes_in_use()); });
+  m.def("set_pinned_limit(int bytes) -> ()", [](int64_t bytes) { set_pinned_limit(bytes); });
   m.def("device_bytes(int device) -> int", [](int64_t device) {
     return static_cast<int64_t>(device_bytes_in_use(static_cast<c10::DeviceIndex>(device)));
   });

@@ -302,6 +302,13 @@ void add_device_bytes(c10::DeviceIndex device, int64_t delta) {
   device_peak[device] = std::max(device_peak[device], device_bytes[device]);
 }
 
+namespace {
+std::atomic<int64_t> pinned_limit_bytes{-1};
+}  // namespace
+
+void set_pinned_limit(int64_t bytes) { pinned_limit_bytes = bytes; }
+int64_t pinned_limit() { return pinned_limit_bytes; }
+
 uint64_t pinned_bytes_in_use() {
   std::lock_guard<std::mutex> lock(accounting_mutex);
   return pinned_total;

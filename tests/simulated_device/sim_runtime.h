@@ -151,6 +151,10 @@ void add_device_bytes(c10::DeviceIndex device, int64_t delta);
 uint64_t pinned_bytes_in_use();
 bool is_pinned(const void* host);
 void add_pinned_block(void* base, uint64_t size);
+// A locked-memory limit: pinned allocations that would take the pinned bytes in use above
+// `bytes` are refused (an error, as cudaHostAlloc's under RLIMIT_MEMLOCK); negative: no limit.
+void set_pinned_limit(int64_t bytes);
+int64_t pinned_limit();
 void remove_pinned_block(void* base);
 
 }  // namespace simdev

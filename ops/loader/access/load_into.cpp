@@ -77,10 +77,18 @@ struct Target {
 void fill_through_staging(const std::vector<Target>& targets, c10::Device device,
                           const format::Checkpoint& checkpoint, io::IoSetup& io,
                           ReadScheduler& reads, uint64_t chunk_size, uint64_t staging_bytes,
-                          uint64_t& sequence) {
+                          uint64_t& sequence, std::string& staging_memory) {
   const uint64_t block = std::max<uint64_t>(io.alignment(), 64);
   DeviceStage stage(device, staging_bytes, block, 0);
-  auto close_stage = c10::make_scope_exit([&stage] { stage.close(); });
+  auto close_stage = c10::make_scope_exit([&stage, &staging_memory] {
+    try {
+      std::string memory = stage.staging().staging_memory();
+      if (!memory.empty()) staging_memory = std::move(memory);
+    } catch (...) {
+      // Only a statistic: the close below matters.
+    }
+    stage.close();
+  });
   // Two slices fit at once, whatever the read widening, so reads and copies overlap.
   const uint64_t slice = plan::staging_slice_bytes(chunk_size, staging_bytes, block);
   c10::DeviceGuard guard(device);
@@ -195,7 +203,7 @@ void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint&
     c10::Device device(static_cast<c10::DeviceType>(key.first),
                        static_cast<c10::DeviceIndex>(key.second));
     fill_through_staging(targets, device, checkpoint, io, reads, chunk_size, staging_bytes,
-                         sequence);
+                         sequence, stats.staging);
   }
   for (auto& [memory, fill] : temporaries) {
     const auto& t = *fill->source;

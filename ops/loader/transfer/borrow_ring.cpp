@@ -2,6 +2,7 @@
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/util/Exception.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -58,7 +59,19 @@ void BorrowRing::ensure_memory() {
       break;
     case Memory::Pinned:
       // Pinned, so host-to-device copies run on the copy engine without a driver bounce buffer.
-      block_ = pool::allocate_pinned(capacity_, alignment_, streams_.device().type());
+      try {
+        block_ = pool::allocate_pinned(capacity_, alignment_, streams_.device().type());
+      } catch (const std::exception& refused) {
+        // A locked-memory limit, a refused registration, a platform without pinning: pageable
+        // staging still moves every byte (the runtime copies from it synchronously, through its
+        // own bounce buffer), only slower. Said once per process, and in stats().staging.
+        const auto* torch_error = dynamic_cast<const c10::Error*>(&refused);
+        pinning_refused_ = torch_error ? torch_error->what_without_backtrace() : refused.what();
+        if (pinning_refused_.empty()) pinning_refused_ = "refused";
+        block_ = pool::allocate_host_window(capacity_, 0, alignment_, purpose_);
+        TORCH_WARN_ONCE("instanttensor: pinning ", capacity_, " bytes of staging was refused (",
+                        pinning_refused_, "); staging through pageable memory, copies slower");
+      }
       break;
     case Memory::Device: {
       c10::DeviceGuard guard(streams_.device());
@@ -181,6 +194,13 @@ void BorrowRing::hand_over_retained() {
   give_back_until((base + capacity_) / page * page);
 }
 
+std::string BorrowRing::staging_memory() const {
+  if (memory_ != Memory::Pinned) return memory_ == Memory::Host ? "host" : "device";
+  if (!block_.get() && pinning_refused_.empty()) return "";
+  if (pinning_refused_.empty()) return "pinned";
+  return "pageable (pinning refused: " + pinning_refused_ + ")";
+}
+
 uint64_t BorrowRing::release_all() {
   uint64_t copied = 0;
   // Host memory: tensors the consumer still holds keep their bytes where they are (copying a
@@ -196,7 +216,8 @@ uint64_t BorrowRing::release_all() {
     // allocated on; copies out of it ran on the loader's stream.
     streams_.record_on_loader(block_);
   }
-  bool was_pinned = memory_ == Memory::Pinned && block_.get() != nullptr;
+  bool was_pinned =
+      memory_ == Memory::Pinned && block_.get() != nullptr && pinning_refused_.empty();
   block_.clear();
   allocator_.reset();
   // The host allocator would keep the block cached for the life of the process.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "loader/transfer/stream_fences.h"
@@ -64,6 +65,11 @@ class BorrowRing {
   // copied out. Idempotent.
   uint64_t release_all();
 
+  // A pinned ring's memory as stats() states it: "pinned", "pageable (pinning refused: <why>)"
+  // where the platform refused to pin it (the ring then stages through pageable memory, with a
+  // warning once per process), "" before first use; "host" or "device" for the other rings.
+  std::string staging_memory() const;
+
   uint64_t bytes_in_use() const { return in_use_; }
   uint64_t capacity() const { return capacity_; }
   Memory memory() const { return memory_; }
@@ -82,6 +88,7 @@ class BorrowRing {
   std::unique_ptr<pool::RingAllocator> allocator_;
   std::deque<Region> regions_;
   uint64_t in_use_ = 0;
+  std::string pinning_refused_;  // why a pinned ring is pageable; empty when pinned
 };
 
 }  // namespace instanttensor::loader
