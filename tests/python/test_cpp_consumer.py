@@ -40,10 +40,12 @@ def installed_prefix(tmp_path_factory):
     return prefix
 
 
-def test_installed_library_serves_an_outside_program(installed_prefix, tmp_path):
-    example_src = tmp_path / "example"
-    shutil.copytree(os.path.join(ROOT, "examples"), example_src)  # built away from the repo
-    build = tmp_path / "example-build"
+@pytest.fixture(scope="module")
+def examples_build(installed_prefix, tmp_path_factory):
+    """examples/ copied away from the repo and built against the installed prefix alone."""
+    example_src = tmp_path_factory.mktemp("example")
+    shutil.copytree(os.path.join(ROOT, "examples"), example_src, dirs_exist_ok=True)
+    build = tmp_path_factory.mktemp("example-build")
     prefix_path = f"{installed_prefix};{torch.utils.cmake_prefix_path}"
     configure = subprocess.run(["cmake", "-S", str(example_src), "-B", str(build),
                                 f"-DCMAKE_PREFIX_PATH={prefix_path}"], capture_output=True,
@@ -51,6 +53,11 @@ def test_installed_library_serves_an_outside_program(installed_prefix, tmp_path)
     assert configure.returncode == 0, configure.stdout + configure.stderr
     compiled = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    return build
+
+
+def test_installed_library_serves_an_outside_program(installed_prefix, examples_build, tmp_path):
+    build = examples_build
 
     torch.manual_seed(1)
     tensors = {"embed": torch.randn(32, 16).to(torch.bfloat16), "bias": torch.randn(7),
@@ -82,23 +89,13 @@ def test_installed_library_serves_an_outside_program(installed_prefix, tmp_path)
 
 
 def test_the_aoti_example_serves_a_package_with_the_checkpoints_weights(installed_prefix,
-                                                                       tmp_path):
+                                                                       examples_build, tmp_path):
     """examples/aoti_inference.cpp, built outside the repo: outputs equal eager with the
     checkpoint's weights, then with the next checkpoint's after a swap while serving."""
     from aoti_model import EXAMPLE_SHAPE, block, packages, weights
 
     free, inside = packages()
-    example_src = tmp_path / "example"
-    shutil.copytree(os.path.join(ROOT, "examples"), example_src)
-    build = tmp_path / "example-build"
-    prefix_path = f"{installed_prefix};{torch.utils.cmake_prefix_path}"
-    configure = subprocess.run(["cmake", "-S", str(example_src), "-B", str(build),
-                                f"-DCMAKE_PREFIX_PATH={prefix_path}"], capture_output=True,
-                               text=True)
-    assert configure.returncode == 0, configure.stdout + configure.stderr
-    compiled = subprocess.run(["cmake", "--build", str(build), "--target", "aoti_inference"],
-                              capture_output=True, text=True)
-    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    build = examples_build
 
     first, second = block(3), block(4)
     paths = {name: str(tmp_path / f"{name}.safetensors") for name in
