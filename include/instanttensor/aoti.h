@@ -69,17 +69,18 @@ struct ConstantsReport {
 // the package's once a buffer of it was loaded, else the shape check comes after its buffer is
 // allocated), a package whose library carries its weights' bytes (compiled with its constants
 // inside, torch's default: Argument; not checked for a runner without a library), files that
-// cannot be opened or parsed, a tensor on a device the package refuses.
+// cannot be opened or parsed.
 //
-// A failure after that: use_inactive, the inactive buffer is freed and the active one keeps
-// serving, untouched; otherwise the active buffer is left refusing to run (run() raises
-// "Unknown constant state") rather than serving a partial or unchecked set of weights, until a
-// load succeeds.
+// A failure after that (the package refuses the device given, its buffer cannot be allocated:
+// OutOfMemory, a shape learned from it differs, a read fails): use_inactive, the inactive buffer
+// is freed and the active one keeps serving, untouched; otherwise the active buffer is left
+// refusing to run (run() raises "Unknown constant state") rather than serving a partial or
+// unchecked set of weights, until a load succeeds.
 //
 // Device: the package's buffers are allocated on the current device unless `device` (the runner
 // overload) names an index; call from a thread whose current device is the package's.
-// use_inactive frees the inactive buffer first (on CUDA cudaFree waits for runs queued on the
-// device that may still read a buffer swapped out). Returns after every byte is in place (device
+// use_inactive waits for the device (runs queued on it may still read a buffer swapped out) and
+// frees the inactive buffer first. Returns after every byte is in place (device
 // copies complete).
 //
 // Threads: one load per package at a time, and no swap_constant_buffer() or

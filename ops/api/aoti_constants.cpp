@@ -7,6 +7,7 @@
 // tensors are checked against the checkpoint and filled in place by one load_into.
 #include <ATen/DynamicLibrary.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/accumulate.h>
 
 #include <optional>
@@ -197,22 +198,35 @@ ConstantsReport load_constants(torch::inductor::AOTIModelContainerRunner& runner
   }
   // The package's allocations land on the current device (AOTInductor's container allocates
   // there): the package's own, where the caller named it.
-  c10::OptionalDeviceGuard on_device;
-  if (device.has_index()) on_device.reset_device(device);
-  // A buffer swapped out may still be read by runs queued on a device: freeing it first waits
-  // for them (cudaFree) and keeps the old and new inactive weights from coexisting.
-  if (options.use_inactive) runner.free_inactive_constant_buffer();
-  try {
-    runner.update_constant_buffer(probes, options.use_inactive, /*validate_full_updates=*/true,
-                                  /*user_managed=*/false);
-  } catch (const std::exception& refused) {
-    // Refused before any buffer changed (AOTInductor checks every tensor's device first).
-    throw Error(
-        ErrorKind::Argument, label, "",
-        std::string("the package refused buffers on ") + device.str() + ": " + refused.what());
-  }
+  c10::DeviceGuard on_device(device);  // without an index: the current device, unchanged
   ConstantsReport report;
   try {
+    if (options.use_inactive) {
+      // A buffer swapped out may still be read by runs queued on the device (a caching
+      // allocator's free does not wait for them): they finish first. Freeing it before the
+      // probe keeps the old and the new inactive weights from coexisting.
+      if (!device.is_cpu()) {
+        const auto* guard_impl = c10::impl::getDeviceGuardImpl(device.type());
+        guard_impl->synchronizeDevice(device.has_index() ? device.index()
+                                                         : guard_impl->getDevice().index());
+      }
+      runner.free_inactive_constant_buffer();
+    }
+    try {
+      runner.update_constant_buffer(probes, options.use_inactive,
+                                    /*validate_full_updates=*/true, /*user_managed=*/false);
+    } catch (const c10::OutOfMemoryError& refused) {
+      throw Error(ErrorKind::OutOfMemory, label, "",
+                  std::string("the package's buffer on ") + device.str() + ": " +
+                      refused.what_without_backtrace());
+    } catch (const std::exception& refused) {
+      // A tensor on a device the package does not run on, or its buffer not allocated: the
+      // buffer may be marked initialized already (AOTInductor does so first), so it is left
+      // refusing below.
+      throw Error(
+          ErrorKind::Argument, label, "",
+          std::string("the package took no buffer on ") + device.str() + ": " + refused.what());
+    }
     auto buffers = runner.extract_constants_map(options.use_inactive);
     std::map<std::string, std::vector<int64_t>> shapes;
     for (const auto& [fqn, buffer] : buffers) shapes.emplace(fqn, buffer.sizes().vec());

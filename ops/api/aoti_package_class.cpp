@@ -1,5 +1,6 @@
 #include "api/aoti_package_class.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/custom_class.h>
 #include <unistd.h>
 
@@ -48,8 +49,12 @@ class AOTIPackageHolder : public torch::CustomClassHolder {
       throw Error(ErrorKind::Format, path, "", "the package's metadata names no device");
     }
     device_ = c10::Device(key->second);
-    if (device_index >= 0 && !device_.is_cpu()) {
-      device_.set_index(static_cast<c10::DeviceIndex>(device_index));
+    if (!device_.is_cpu()) {
+      // The package took its device when it was opened (AOTInductor records the current one
+      // for -1): loads from any thread go there, whatever that thread's current device.
+      device_.set_index(device_index >= 0
+                            ? static_cast<c10::DeviceIndex>(device_index)
+                            : c10::impl::getDeviceGuardImpl(device_.type())->getDevice().index());
     }
   }
 

@@ -25,9 +25,13 @@ bool replace_by_copies(uint8_t* start, uint64_t length, uint64_t available) noex
 
 void restore_file_pages(uint8_t* mapping_start, int fd, uint64_t offset, uint64_t length) noexcept {
   uint8_t* at = mapping_start + offset;
-  if (::mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd,
-             static_cast<off_t>(offset)) != MAP_FAILED) {
-    return;
+  // Mapped aside, then moved over the copies in one step: a failure on the way leaves the
+  // copies in place (a MAP_FIXED mapping that fails may have unmapped its range already).
+  void* file =
+      ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(offset));
+  if (file != MAP_FAILED) {
+    if (::mremap(file, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, at) != MAP_FAILED) return;
+    ::munmap(file, length);
   }
   uint64_t done = 0;
   while (done < length) {

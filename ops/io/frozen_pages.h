@@ -13,9 +13,11 @@ namespace instanttensor::io {
 bool replace_by_copies(uint8_t* start, uint64_t length, uint64_t available) noexcept;
 
 // [offset, offset + length) of the mapping at `mapping_start` (of the file `fd`, from its first
-// byte) maps the file's pages again. Where no mapping can be had (vm.max_map_count, memory), the
-// copies there take the file's bytes of now through pread (zeros past its end), so a later read
-// of the range still gets the file's bytes; a change of the file after that shows in its mtime.
+// byte) maps the file's pages again. Where no mapping can be had (vm.max_map_count, memory, an
+// offset off a page), the copies there stay and take the file's bytes of now through pread
+// (zeros past its end), so a later read of the range still gets the file's bytes; a change of
+// the file after that shows in its mtime. The pread is disk I/O under the caller's locks: the
+// fallback of a failure only.
 void restore_file_pages(uint8_t* mapping_start, int fd, uint64_t offset, uint64_t length) noexcept;
 
 }  // namespace instanttensor::io

@@ -268,11 +268,10 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
 
     # -- data ------------------------------------------------------------------------------
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) in storage order; every call starts a new pass."""
+        """(name, tensor) in storage order; every call starts a new pass (at its first item)."""
         if self._meta or self._framework != "pt":
-            yield from self._converted_pass()
-            return
-        yield from self._engine_pass()
+            return self._converted_pass()
+        return self._engine_pass()  # itself: no generator layer between it and the consumer
 
     def _engine_pass(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The engine's pass: tensors (views of the page cache, borrowed or owned as the mode

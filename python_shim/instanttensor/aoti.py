@@ -140,7 +140,9 @@ def _load_into_torch_package(package: Any, paths: list[str], prefix: str,
         raise SafetensorValueError(
             "torch's aoti_load_package object has no swap_constant_buffer in Python: open the "
             "package with instanttensor.aoti.load_package for use_inactive")
-    fqns = sorted(package.get_constant_fqns())
+    # Constants the package folds at run time come from no checkpoint; torch's binding names
+    # them only by AOTInductor's prefix for them.
+    fqns = sorted(f for f in package.get_constant_fqns() if not f.startswith("_FOLDED_CONST_"))
     by_fqn = {fqn: rename(fqn) if rename is not None else prefix + fqn for fqn in fqns}
     with engine_errors():
         available = set(torch.ops.instanttensor.tensor_names(paths))

@@ -334,6 +334,7 @@ def test_a_refused_pinning_stages_through_pageable_memory(accel, checkpoint, lim
     with instanttensor.safe_open(paths, device=f"{accel.kind}:0", staging_size=64 << 10) as f:
         dict(f.tensors())
         assert f.stats()["staging"] == "pinned"
+    assert f.stats()["staging"] == "pinned"  # the final counts, after close
 
 
 REFUSED_PINNING_CHILD = """

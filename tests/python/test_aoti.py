@@ -272,3 +272,8 @@ def test_constants_the_package_folds_come_from_no_checkpoint(tmp_path):
         aoti.load_constants(package, str(tmp_path / "2.safetensors"), use_inactive=True)
         package.swap_constant_buffer()  # folded again from the new weights at the next run
         torch.testing.assert_close(package(x), models[1](x))
+        theirs = torch._inductor.aoti_load_package(folding_package())
+        report = instanttensor.load_constants(theirs, str(tmp_path / "1.safetensors"),
+                                              unchecked=True)
+        assert report.constants == ["b", "w"]
+        torch.testing.assert_close(theirs(x), models[0](x))

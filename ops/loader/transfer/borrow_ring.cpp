@@ -51,6 +51,7 @@ BorrowRing::~BorrowRing() {
 
 void BorrowRing::ensure_memory() {
   if (allocator_) return;
+  pinning_refused_.clear();
   switch (memory_) {
     case Memory::Host:
       // Not pre-faulted: with MADV_HUGEPAGE the first read into each 2 MiB page faults it in
@@ -80,6 +81,19 @@ void BorrowRing::ensure_memory() {
     }
   }
   allocator_ = std::make_unique<pool::RingAllocator>(capacity_, alignment_);
+  switch (memory_) {
+    case Memory::Host:
+      memory_description_ = "host";
+      break;
+    case Memory::Pinned:
+      memory_description_ = pinning_refused_.empty()
+                                ? "pinned"
+                                : "pageable (pinning refused: " + pinning_refused_ + ")";
+      break;
+    case Memory::Device:
+      memory_description_ = "device";
+      break;
+  }
 }
 
 BorrowRing::Region* BorrowRing::place(uint64_t span, uint64_t phase) {
@@ -192,13 +206,6 @@ void BorrowRing::hand_over_retained() {
     free_from = std::max(free_from, (begin + storage->nbytes() + page - 1) / page * page);
   }
   give_back_until((base + capacity_) / page * page);
-}
-
-std::string BorrowRing::staging_memory() const {
-  if (memory_ != Memory::Pinned) return memory_ == Memory::Host ? "host" : "device";
-  if (!block_.get() && pinning_refused_.empty()) return "";
-  if (pinning_refused_.empty()) return "pinned";
-  return "pageable (pinning refused: " + pinning_refused_ + ")";
 }
 
 uint64_t BorrowRing::release_all() {

@@ -65,10 +65,11 @@ class BorrowRing {
   // copied out. Idempotent.
   uint64_t release_all();
 
-  // A pinned ring's memory as stats() states it: "pinned", "pageable (pinning refused: <why>)"
-  // where the platform refused to pin it (the ring then stages through pageable memory, with a
-  // warning once per process), "" before first use; "host" or "device" for the other rings.
-  std::string staging_memory() const;
+  // The ring's memory as stats() states it, from its first use on (kept after release_all):
+  // "pinned", or "pageable (pinning refused: <why>)" where the platform refused to pin a pinned
+  // ring (it then stages through pageable memory, with a warning once per process); "host" or
+  // "device" for the other rings; "" before first use.
+  const std::string& staging_memory() const { return memory_description_; }
 
   uint64_t bytes_in_use() const { return in_use_; }
   uint64_t capacity() const { return capacity_; }
@@ -88,7 +89,8 @@ class BorrowRing {
   std::unique_ptr<pool::RingAllocator> allocator_;
   std::deque<Region> regions_;
   uint64_t in_use_ = 0;
-  std::string pinning_refused_;  // why a pinned ring is pageable; empty when pinned
+  std::string pinning_refused_;     // why a pinned ring is pageable; empty when pinned
+  std::string memory_description_;  // staging_memory()
 };
 
 }  // namespace instanttensor::loader
