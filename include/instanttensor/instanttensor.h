@@ -121,6 +121,11 @@ struct Stats {
   // (a locked-memory limit...): the bytes then stage through pageable memory, copies slower,
   // with a warning once per process. Empty while nothing was staged.
   std::string staging;
+  // The loader's own ring memory once allocated (0 when none was needed): the staging ring
+  // (pinned for accelerators; bounded by OpenOptions::staging_size) and the device ring
+  // (copy=false or an exchange on an accelerator; bounded by buffer_size and device_budget).
+  uint64_t staging_bytes = 0;
+  uint64_t device_ring_bytes = 0;
 };
 
 // What load_into left unfilled (both empty with strict=true, which raises instead), sorted.

@@ -91,6 +91,8 @@ class LoaderHolder : public torch::CustomClassHolder {
     out.insert("buffer_size", static_cast<double>(s.buffer_size));
     out.insert("peak_pool_bytes", static_cast<double>(s.peak_pool_bytes));
     out.insert("recycled_blocks", static_cast<double>(s.recycled_blocks));
+    out.insert("staging_bytes", static_cast<double>(s.staging_bytes));
+    out.insert("device_ring_bytes", static_cast<double>(s.device_ring_bytes));
     out.insert("open_seconds", s.open_seconds);
     out.insert("read_seconds", s.read_seconds);
     out.insert("wait_seconds", s.wait_seconds);

@@ -98,6 +98,8 @@ Stats Loader::stats() const {
   if (loader::DeviceStage* stage = memory_->stage()) {
     std::string staging = stage->staging().staging_memory();
     if (!staging.empty()) stats.staging = std::move(staging);
+    stats.staging_bytes = std::max(stats.staging_bytes, stage->staging().allocated_bytes());
+    stats.device_ring_bytes = stage->device_ring().allocated_bytes();
   }
   return stats;
 }

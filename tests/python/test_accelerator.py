@@ -318,6 +318,8 @@ def test_a_refused_pinning_stages_through_pageable_memory(accel, checkpoint, lim
                 del tensor
                 assert f.stats()["staging"].startswith("pageable (pinning refused: simdev: "
                                                        "pinning"), f.stats()["staging"]
+                assert f.stats()["staging_bytes"] == 64 << 10  # the loader's memory, stated
+                assert (f.stats()["device_ring_bytes"] > 0) == (not copy)
         destinations = {n: torch.zeros(t.shape, dtype=t.dtype, device=accel.current())
                         for n, t in tensors.items()}
         with instanttensor.safe_open(paths, staging_size=64 << 10) as f:

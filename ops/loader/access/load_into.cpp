@@ -77,15 +77,16 @@ struct Target {
 void fill_through_staging(const std::vector<Target>& targets, c10::Device device,
                           const format::Checkpoint& checkpoint, io::IoSetup& io,
                           ReadScheduler& reads, uint64_t chunk_size, uint64_t staging_bytes,
-                          uint64_t& sequence, std::string& staging_memory) {
+                          uint64_t& sequence, Stats& stats) {
   const uint64_t block = std::max<uint64_t>(io.alignment(), 64);
   DeviceStage stage(device, staging_bytes, block, 0);
-  auto close_stage = c10::make_scope_exit([&stage, &staging_memory] {
+  auto close_stage = c10::make_scope_exit([&stage, &stats] {
     try {
       std::string memory = stage.staging().staging_memory();
-      if (!memory.empty()) staging_memory = std::move(memory);
+      if (!memory.empty()) stats.staging = std::move(memory);
+      stats.staging_bytes = std::max(stats.staging_bytes, stage.staging().allocated_bytes());
     } catch (...) {
-      // Only a statistic: the close below matters.
+      // Only statistics: the close below matters.
     }
     stage.close();
   });
@@ -203,7 +204,7 @@ void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint&
     c10::Device device(static_cast<c10::DeviceType>(key.first),
                        static_cast<c10::DeviceIndex>(key.second));
     fill_through_staging(targets, device, checkpoint, io, reads, chunk_size, staging_bytes,
-                         sequence, stats.staging);
+                         sequence, stats);
   }
   for (auto& [memory, fill] : temporaries) {
     const auto& t = *fill->source;

@@ -81,6 +81,7 @@ void BorrowRing::ensure_memory() {
     }
   }
   allocator_ = std::make_unique<pool::RingAllocator>(capacity_, alignment_);
+  allocated_bytes_ = capacity_;
   switch (memory_) {
     case Memory::Host:
       memory_description_ = "host";

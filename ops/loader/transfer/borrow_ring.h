@@ -71,6 +71,10 @@ class BorrowRing {
   // "device" for the other rings; "" before first use.
   const std::string& staging_memory() const { return memory_description_; }
 
+  // The ring's bytes once its memory was allocated (kept after release_all), 0 before: what
+  // stats() reports as the loader's staging or device ring.
+  uint64_t allocated_bytes() const { return allocated_bytes_; }
+
   uint64_t bytes_in_use() const { return in_use_; }
   uint64_t capacity() const { return capacity_; }
   Memory memory() const { return memory_; }
@@ -91,6 +95,7 @@ class BorrowRing {
   uint64_t in_use_ = 0;
   std::string pinning_refused_;     // why a pinned ring is pageable; empty when pinned
   std::string memory_description_;  // staging_memory()
+  uint64_t allocated_bytes_ = 0;
 };
 
 }  // namespace instanttensor::loader
