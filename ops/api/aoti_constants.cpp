@@ -16,6 +16,7 @@
 
 #include "api/aoti_constant_match.h"
 #include "format/checkpoint.h"
+#include "format/message_text.h"
 #include "format/torch_dtype.h"
 #include "instanttensor/aoti.h"
 
@@ -84,11 +85,9 @@ std::optional<uint64_t> compiled_in_weight_bytes(
   return static_cast<uint64_t>(end - start);
 }
 
+// The checkpoint in errors not tied to one of its files.
 std::string files_label(const std::vector<std::string>& files) {
-  std::string label;
-  for (size_t i = 0; i < files.size() && i < 3; ++i) label += (i ? ", " : "") + files[i];
-  if (files.size() > 3) label += " and " + std::to_string(files.size() - 3) + " more files";
-  return label;
+  return format::some_names(files, 3);
 }
 
 // The package's constants, sorted by FQN. AOTInductor's dtype codes are c10's ScalarType values

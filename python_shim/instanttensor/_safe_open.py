@@ -308,23 +308,13 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             yield name, as_framework(owned, self._framework, name)
 
     def _all_tensors(self) -> dict[str, torch.Tensor]:
-        """Every selected tensor, owned, in storage order (load_file's one pass)."""
-        if self._meta:
-            return {name: self._tensor(name) for name in self.offset_keys()}
-        with engine_errors():
-            self._data_engine().restart()
-            out = {}
-            step = self._engine().next
-            while (item := step()) is not None:
-                out[item[0]] = item[1]
-            return out
+        """Every selected tensor as torch tensors, in storage order (load_file's one pass)."""
+        return dict(self._converted_pass() if self._meta else self._engine_pass())
 
     def get_tensors(self) -> dict[str, Any]:
         """Every selected tensor, owned, by name in storage order (the reference's get_tensors;
         one pipelined pass)."""
-        if self._framework != "pt":
-            return dict(self._converted_pass())
-        return self._all_tensors()
+        return dict(self.tensors())
 
     def get_tensor(self, name: str) -> Any:
         """An owned tensor (a numpy array for framework="np"), in any order, any number of
