@@ -339,6 +339,36 @@ def test_a_refused_pinning_stages_through_pageable_memory(accel, checkpoint, lim
     assert f.stats()["staging"] == "pinned"  # the final counts, after close
 
 
+def test_a_pinning_limit_below_the_ring_stages_through_a_smaller_pinned_ring(accel, checkpoint):
+    # Pinning the 1 MiB ring asked is refused, 256 KiB is granted: the staging stays pinned
+    # (copies stay asynchronous) with the slices planned (64 KiB, two fit), for every API.
+    if KIND != "simdev":
+        pytest.skip("the simulated device's locked-memory limit")
+    paths, tensors = checkpoint
+    smaller = "pinned, smaller (262144 of 1048576 bytes; pinning 1048576 refused: simdev: pinning"
+    options = {"staging_size": 1 << 20, "chunk_size": 64 << 10}
+    simulated_device.set_pinned_limit(300 << 10)
+    try:
+        for copy in (True, False):
+            with instanttensor.safe_open(paths, device=f"{accel.kind}:0", copy=copy,
+                                         **options) as f:
+                for name, tensor in f.tensors():
+                    assert same_bytes(on_host(tensor), tensors[name]), name
+                del tensor
+                assert f.stats()["staging"].startswith(smaller), f.stats()["staging"]
+                assert f.stats()["staging_bytes"] == 256 << 10
+        destinations = {n: torch.zeros(t.shape, dtype=t.dtype, device=accel.current())
+                        for n, t in tensors.items()}
+        with instanttensor.safe_open(paths, **options) as f:
+            f.load_into(destinations)
+            assert f.stats()["staging"].startswith(smaller), f.stats()["staging"]
+        for name, destination in destinations.items():
+            assert same_bytes(on_host(destination), tensors[name]), name
+        assert accel.pinned() == 0
+    finally:
+        simulated_device.set_pinned_limit(-1)
+
+
 REFUSED_PINNING_CHILD = """
 import sys, warnings, torch
 sys.path.insert(0, sys.argv[1])

@@ -79,7 +79,9 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
                           ReadScheduler& reads, uint64_t chunk_size, uint64_t staging_bytes,
                           uint64_t& sequence, Stats& stats) {
   const uint64_t block = std::max<uint64_t>(io.alignment(), 64);
-  DeviceStage stage(device, staging_bytes, block, 0);
+  // Two slices fit at once, whatever the read widening, so reads and copies overlap.
+  const uint64_t slice = plan::staging_slice_bytes(chunk_size, staging_bytes, block);
+  DeviceStage stage(device, staging_bytes, block, 0, plan::staging_ring_min_bytes(slice));
   auto close_stage = c10::make_scope_exit([&stage, &stats] {
     try {
       std::string memory = stage.staging().staging_memory();
@@ -90,8 +92,6 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
     }
     stage.close();
   });
-  // Two slices fit at once, whatever the read widening, so reads and copies overlap.
-  const uint64_t slice = plan::staging_slice_bytes(chunk_size, staging_bytes, block);
   c10::DeviceGuard guard(device);
   // Work already queued on the consumer's stream may still read the old values.
   CopyFence::after(stage.streams().consumer()).block(stage.streams().loader(), "load_into_start");

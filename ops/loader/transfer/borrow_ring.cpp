@@ -33,10 +33,12 @@ bool held_by_consumer(const c10::intrusive_ptr<c10::StorageImpl>& storage,
 }  // namespace
 
 BorrowRing::BorrowRing(const LoaderStreams& streams, Memory memory, uint64_t capacity,
-                       uint64_t alignment, const char* purpose)
+                       uint64_t alignment, const char* purpose, uint64_t min_capacity)
     : streams_(streams),
       memory_(memory),
       capacity_(capacity),
+      requested_(capacity),
+      min_capacity_(min_capacity == 0 ? capacity : std::min(min_capacity, capacity)),
       alignment_(alignment),
       purpose_(purpose) {}
 
@@ -49,9 +51,50 @@ BorrowRing::~BorrowRing() {
   }
 }
 
+void BorrowRing::allocate_staging() {
+  capacity_ = requested_;
+  for (uint64_t size = requested_;;) {
+    try {
+      // Pinned, so host-to-device copies run on the copy engine without a driver bounce buffer.
+      block_ = pool::allocate_pinned(size, alignment_, streams_.device().type());
+      capacity_ = size;
+      pinned_ = true;
+      break;
+    } catch (const std::exception& refused) {
+      // A locked-memory limit, a refused registration, a platform without pinning.
+      if (pinning_refused_.empty()) {
+        const auto* torch_error = dynamic_cast<const c10::Error*>(&refused);
+        pinning_refused_ = torch_error ? torch_error->what_without_backtrace() : refused.what();
+        if (pinning_refused_.empty()) pinning_refused_ = "refused";
+      }
+      if (size <= min_capacity_) break;
+      // Halved (a limit is usually far from the ask), never below two of the caller's regions.
+      size = std::max(min_capacity_, size / 2 / alignment_ * alignment_);
+    }
+  }
+  if (pinned_ && capacity_ < requested_) {
+    memory_description_ = "pinned, smaller (" + std::to_string(capacity_) + " of " +
+                          std::to_string(requested_) + " bytes; pinning " +
+                          std::to_string(requested_) + " refused: " + pinning_refused_ + ")";
+    TORCH_WARN_ONCE("instanttensor: pinning ", requested_, " bytes of staging was refused (",
+                    pinning_refused_, "); staging through a smaller pinned ring of ", capacity_,
+                    " bytes");
+  } else if (!pinned_) {
+    // Pageable staging still moves every byte (the runtime copies from it synchronously,
+    // through its own bounce buffer), only slower.
+    block_ = pool::allocate_host_window(capacity_, 0, alignment_, purpose_);
+    memory_description_ = "pageable (pinning refused: " + pinning_refused_ + ")";
+    TORCH_WARN_ONCE("instanttensor: pinning ", requested_, " bytes of staging was refused (",
+                    pinning_refused_, "); staging through pageable memory, copies slower");
+  } else {
+    memory_description_ = "pinned";
+  }
+}
+
 void BorrowRing::ensure_memory() {
   if (allocator_) return;
   pinning_refused_.clear();
+  pinned_ = false;
   switch (memory_) {
     case Memory::Host:
       // Not pre-faulted: with MADV_HUGEPAGE the first read into each 2 MiB page faults it in
@@ -59,20 +102,7 @@ void BorrowRing::ensure_memory() {
       block_ = pool::allocate_host_window(capacity_, 0, alignment_, purpose_);
       break;
     case Memory::Pinned:
-      // Pinned, so host-to-device copies run on the copy engine without a driver bounce buffer.
-      try {
-        block_ = pool::allocate_pinned(capacity_, alignment_, streams_.device().type());
-      } catch (const std::exception& refused) {
-        // A locked-memory limit, a refused registration, a platform without pinning: pageable
-        // staging still moves every byte (the runtime copies from it synchronously, through its
-        // own bounce buffer), only slower. Said once per process, and in stats().staging.
-        const auto* torch_error = dynamic_cast<const c10::Error*>(&refused);
-        pinning_refused_ = torch_error ? torch_error->what_without_backtrace() : refused.what();
-        if (pinning_refused_.empty()) pinning_refused_ = "refused";
-        block_ = pool::allocate_host_window(capacity_, 0, alignment_, purpose_);
-        TORCH_WARN_ONCE("instanttensor: pinning ", capacity_, " bytes of staging was refused (",
-                        pinning_refused_, "); staging through pageable memory, copies slower");
-      }
+      allocate_staging();
       break;
     case Memory::Device: {
       c10::DeviceGuard guard(streams_.device());
@@ -87,10 +117,7 @@ void BorrowRing::ensure_memory() {
       memory_description_ = "host";
       break;
     case Memory::Pinned:
-      memory_description_ = pinning_refused_.empty()
-                                ? "pinned"
-                                : "pageable (pinning refused: " + pinning_refused_ + ")";
-      break;
+      break;  // said by allocate_staging
     case Memory::Device:
       memory_description_ = "device";
       break;
@@ -224,8 +251,7 @@ uint64_t BorrowRing::release_all() {
     // allocated on; copies out of it ran on the loader's stream.
     streams_.record_on_loader(block_);
   }
-  bool was_pinned =
-      memory_ == Memory::Pinned && block_.get() != nullptr && pinning_refused_.empty();
+  bool was_pinned = block_.get() != nullptr && pinned_;
   block_.clear();
   allocator_.reset();
   // The host allocator would keep the block cached for the life of the process.

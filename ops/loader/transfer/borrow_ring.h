@@ -39,8 +39,11 @@ class BorrowRing {
 
   // `capacity` bytes on `streams.device()` (Host/Pinned: the CPU), allocated on first use and
   // freed by release_all(). `alignment` is a power of two; `purpose` names the memory in errors.
+  // Pinned: where pinning `capacity` is refused, smaller pinned rings down to `min_capacity`
+  // (0: capacity; the caller's largest region must still fit twice) are tried before pageable
+  // memory of `capacity`.
   BorrowRing(const LoaderStreams& streams, Memory memory, uint64_t capacity, uint64_t alignment,
-             const char* purpose);
+             const char* purpose, uint64_t min_capacity = 0);
   ~BorrowRing();
   BorrowRing(const BorrowRing&) = delete;
   BorrowRing& operator=(const BorrowRing&) = delete;
@@ -66,8 +69,9 @@ class BorrowRing {
   uint64_t release_all();
 
   // The ring's memory as stats() states it, from its first use on (kept after release_all):
-  // "pinned", or "pageable (pinning refused: <why>)" where the platform refused to pin a pinned
-  // ring (it then stages through pageable memory, with a warning once per process); "host" or
+  // "pinned"; "pinned, smaller (<n> of <asked> bytes; pinning <asked> refused: <why>)" where a
+  // smaller pinned ring was had; "pageable (pinning refused: <why>)" where none could be pinned
+  // (it then stages through pageable memory); each with a warning once per process; "host" or
   // "device" for the other rings; "" before first use.
   const std::string& staging_memory() const { return memory_description_; }
 
@@ -81,19 +85,25 @@ class BorrowRing {
 
  private:
   void ensure_memory();
+  // Pinned memory of capacity_, else of a smaller size down to min_capacity_ (capacity_ then
+  // becomes that size), else pageable memory of capacity_.
+  void allocate_staging();
   void materialize(c10::StorageImpl& storage) const;
   void hand_over_retained();
 
   const LoaderStreams& streams_;
   Memory memory_;
-  uint64_t capacity_;
+  uint64_t capacity_;  // of the memory allocated (a smaller pinned ring: that size)
+  const uint64_t requested_;
+  const uint64_t min_capacity_;
   uint64_t alignment_;
   const char* purpose_;
   c10::DataPtr block_;
   std::unique_ptr<pool::RingAllocator> allocator_;
   std::deque<Region> regions_;
   uint64_t in_use_ = 0;
-  std::string pinning_refused_;     // why a pinned ring is pageable; empty when pinned
+  std::string pinning_refused_;     // why the pinned ring asked was refused; empty if it was not
+  bool pinned_ = false;             // the block is pinned memory
   std::string memory_description_;  // staging_memory()
   uint64_t allocated_bytes_ = 0;
 };

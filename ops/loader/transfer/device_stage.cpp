@@ -9,10 +9,10 @@
 namespace instanttensor::loader {
 
 DeviceStage::DeviceStage(c10::Device device, uint64_t staging_bytes, uint64_t staging_alignment,
-                         uint64_t device_ring_bytes)
+                         uint64_t device_ring_bytes, uint64_t staging_min_bytes)
     : streams_(device),
       staging_(streams_, device.is_cpu() ? BorrowRing::Memory::Host : BorrowRing::Memory::Pinned,
-               staging_bytes, staging_alignment, "the staging buffer"),
+               staging_bytes, staging_alignment, "the staging buffer", staging_min_bytes),
       device_ring_(streams_, BorrowRing::Memory::Device, std::max<uint64_t>(device_ring_bytes, 1),
                    256, "the device buffer") {}
 

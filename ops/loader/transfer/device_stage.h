@@ -17,12 +17,13 @@ namespace instanttensor::loader {
 class DeviceStage {
  public:
   // `device`: the target, with a concrete index. Reads land in a staging ring of
-  // `staging_bytes` (pinned for accelerators, aligned to `staging_alignment` for O_DIRECT) and
+  // `staging_bytes` (pinned for accelerators, aligned to `staging_alignment` for O_DIRECT; where
+  // pinning it is refused, a smaller pinned ring down to `staging_min_bytes`, then pageable) and
   // stream through it in slices into device memory: a device ring of `device_ring_bytes`
   // (borrowed tensors and the exchange; 0: none) or owned device allocations. Nothing is
   // allocated before first use. Consumer thread only, like the Loader that owns it.
   DeviceStage(c10::Device device, uint64_t staging_bytes, uint64_t staging_alignment,
-              uint64_t device_ring_bytes);
+              uint64_t device_ring_bytes, uint64_t staging_min_bytes = 0);
   ~DeviceStage();
 
   const LoaderStreams& streams() const { return streams_; }
