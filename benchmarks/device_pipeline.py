@@ -2,6 +2,7 @@
 accelerator, against the bound of its slower stage.
 
     python benchmarks/device_pipeline.py [--size-gb 1] [--samples 3] [--json FILE] [--plot FILE]
+        [--timeline PNG]   (one more pass per cell, its stages in time: pipeline_timeline.py)
 
 On a machine without a GPU the target is the simulated device (tests/simulated_device; needs the
 CMake build: INSTANTTENSOR_CMAKE_BUILD_DIR, default ./build) with its timing model on: one copy
@@ -204,10 +205,14 @@ def _sample(spec: dict) -> dict:
     result = {}
     if simdev:
         simdev.reset_engine_stats()
+    if spec.get("timeline"):
+        os.environ["INSTANTTENSOR_TIMELINE"] = "1"
+    cpu_start = time.process_time()
     start = time.perf_counter()
     if spec["mode"] == "read":
         _read_alone(files, ring)
         result["seconds"] = time.perf_counter() - start
+        result["cpu_seconds"] = time.process_time() - cpu_start
         return result
     if spec["mode"] == "into":
         with instanttensor.safe_open(files, device="cpu") as meta:
@@ -220,9 +225,12 @@ def _sample(spec: dict) -> dict:
             before = probe.waits()
             f.load_into(destinations)
             after = probe.waits()
+        timeline, stats = f.timeline(), f.stats()
         end = probe.waits()  # closed; the synchronize below is the benchmark's own
         _synchronize(simdev, device)
         result["seconds"] = time.perf_counter() - start
+        result["cpu_seconds"] = time.process_time() - cpu_start
+        result["pass_end"] = time.monotonic()
         probe.finish()
     else:
         copy = spec["mode"] == "copy"
@@ -240,13 +248,19 @@ def _sample(spec: dict) -> dict:
                 del tensor  # borrowed: the consumer is done with the view at once
             after = probe.waits()
             stats = f.stats()
+        timeline = f.timeline()
         end = probe.waits()  # closed; the synchronize below is the benchmark's own
         _synchronize(simdev, device)
         result["seconds"] = time.perf_counter() - start
+        result["cpu_seconds"] = time.process_time() - cpu_start
+        result["pass_end"] = time.monotonic()
         probe.finish()
         result["handed_out_bytes"] = probe.handed
         result["buffer_size"] = stats["buffer_size"]
         result["stats"] = stats
+    if spec.get("timeline"):
+        result.update(timeline=timeline, pass_start=pass_start, staging_bytes=stats["staging_bytes"],
+                      engine_log=simdev.engine_log(0, True) if simdev else None)
     if simdev:
         # How busy the host->device engine was between the start and the last byte, and how
         # long the pass ran before its first copy and after its last.
@@ -375,6 +389,8 @@ def run(args) -> dict:
         for cache in args.caches:
             read = _median([s["seconds"] for s in samples[(setting, cache, "read")]])
             read_gbps = total / read / 1e9
+            read_cores = _median([s["cpu_seconds"] / s["seconds"]
+                                  for s in samples[(setting, cache, "read")]])
             copy_gbps = gbps if args.device != "cuda" else _pinned_h2d_gbps()
             bound = min(read_gbps, copy_gbps)
             for mode in MODES[1:]:
@@ -386,6 +402,10 @@ def run(args) -> dict:
                          "seconds": seconds, "gbps": total / seconds / 1e9,
                          "ratio_to_bound": total / seconds / 1e9 / bound,
                          "samples_seconds": [s["seconds"] for s in runs],
+                         # Host cores the process kept busy (CPU seconds / wall), and the read
+                         # alone's: near the core count, this machine's CPU is the bound.
+                         "host_cores": _median([s["cpu_seconds"] / s["seconds"] for s in runs]),
+                         "read_alone_host_cores": read_cores,
                          # The read method each sample used (cold: timed, and why).
                          "samples_backend": [s.get("stats", {}).get("backend") for s in runs]}
                 for field in ("engine_busy", "before_first_copy_s", "after_last_copy_s",
@@ -440,20 +460,21 @@ def _mib(value) -> str:
 
 def print_table(result: dict) -> None:
     print(f"checkpoint: {result['checkpoint_bytes'] / 1e9:.2f} GB in {result['files']} files, "
-          f"device {result['device']}, medians of {result['samples']}")
-    print("| setting | cache | mode | GB/s | bound GB/s (by) | ratio | host waits (syncs) in pass "
-          "| at end | loader device peak MiB | pinned peak MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"device {result['device']}, medians of {result['samples']}, {os.cpu_count()} cores")
+    print("| setting | cache | mode | GB/s | bound GB/s (by) | ratio | host cores busy (read alone) "
+          "| host waits (syncs) in pass | at end | loader device peak MiB | pinned peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for e in result["entries"]:
         waits = "- | -" if e["host_waits_in_pass"] is None else \
             f"{e['host_waits_in_pass']:.0f} ({e['host_syncs_in_pass']:.0f}) | " \
             f"{e['host_waits_at_end']:.0f} ({e['host_syncs_at_end']:.0f})"
         print(f"| {e['setting']} | {e['cache']} | {e['mode']} | {e['gbps']:.2f} | "
-              f"{e['bound_gbps']:.2f} ({e['bound_by']}) | {e['ratio_to_bound']:.2f} | {waits} | "
+              f"{e['bound_gbps']:.2f} ({e['bound_by']}) | {e['ratio_to_bound']:.2f} | "
+              f"{e['host_cores']:.2f} ({e['read_alone_host_cores']:.2f}) | {waits} | "
               f"{_mib(e['loader_device_peak_bytes'])} | {_mib(e['pinned_peak_bytes'])} |")
     for e in result["two_ranks"]:
         print(f"| {e['setting']} | warm | {e['mode']} | {e['gbps_per_rank']:.2f} per rank | "
-              f"one rank alone {e['one_rank_gbps']:.2f} | {e['ratio_to_one_rank']:.2f} x alone | "
+              f"one rank alone {e['one_rank_gbps']:.2f} | {e['ratio_to_one_rank']:.2f} x alone | | "
               f"{e['exchange']} | | | |")
 
 
@@ -482,6 +503,26 @@ def plot(result: dict, path: str) -> None:
     figure.savefig(path, dpi=100)
 
 
+def timeline_cells(args, files: list[str]) -> list[dict]:
+    """One pass per cell recorded with INSTANTTENSOR_TIMELINE=1, in a fresh process each."""
+    import pipeline_timeline
+
+    settings = {"copy-bound": args.copy_bound_gbps, "read-bound": args.read_bound_gbps}
+    if args.device == "cuda":
+        settings = {"cuda": 0.0}
+    cells = []
+    for setting, gbps in settings.items():
+        for cache in args.caches:
+            for mode in MODES[1:]:
+                spec = {"mode": mode, "cache": cache, "files": files, "device": args.device,
+                        "h2d_gbps": gbps, "d2h_gbps": gbps, "latency_us": args.latency_us,
+                        "timeline": True}
+                sample = _in_fresh_process(spec)
+                cells.append({"setting": setting, "cache": cache, "mode": LABELS[mode],
+                              "sample": sample, "analysis": pipeline_timeline.analyse(sample)})
+    return cells
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -495,6 +536,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-ranks", dest="ranks", action="store_false")
     parser.add_argument("--json")
     parser.add_argument("--plot")
+    parser.add_argument("--timeline", metavar="PNG",
+                        help="one more pass per cell with the loader's timeline: a summary of "
+                             "what bounds it, the plot, and its events in PNG's .json")
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(_sample(json.loads(args.worker))))
@@ -506,13 +550,22 @@ def main(argv=None) -> int:
     if args.device == "simdev":
         os.environ.setdefault("INSTANTTENSOR_CMAKE_BUILD_DIR", os.path.join(ROOT, "build"))
     args.caches = args.caches.split(",")
-    result = run(args)
-    print_table(result)
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=1)
-    if args.plot:
-        plot(result, args.plot)
+    if args.samples > 0:
+        result = run(args)
+        print_table(result)
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(result, out, indent=1)
+        if args.plot:
+            plot(result, args.plot)
+    if args.timeline:
+        import pipeline_timeline
+
+        cells = timeline_cells(args, place_checkpoint(args.size_gb))
+        pipeline_timeline.print_summary(cells)
+        with open(os.path.splitext(args.timeline)[0] + ".json", "w") as out:
+            json.dump(cells, out)
+        pipeline_timeline.plot(cells, args.timeline)
     return 0
 
 

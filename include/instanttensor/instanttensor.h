@@ -117,15 +117,29 @@ struct Stats {
   // "none (one host, host target)", "device (device target)", "host (exchange=always)", ...
   std::string exchange;
   // The staging ring's memory once used: "pinned" (accelerators), "host" (a CPU target with
-  // force_staging), or "pageable (pinning refused: <why>)" where the platform refused to pin it
-  // (a locked-memory limit...): the bytes then stage through pageable memory, copies slower,
-  // with a warning once per process. Empty while nothing was staged.
+  // force_staging); where the platform refused to pin it (a locked-memory limit...), "pinned,
+  // smaller (<n> of <asked> bytes; ...)" when a smaller ring that still holds two slices could be
+  // pinned, else "pageable (pinning refused: <why>)" (copies slower); a warning once per process
+  // either way. Empty while nothing was staged.
   std::string staging;
   // The loader's own ring memory once allocated (0 when none was needed): the staging ring
   // (pinned for accelerators; bounded by OpenOptions::staging_size) and the device ring
   // (copy=false or an exchange on an accelerator; bounded by buffer_size and device_budget).
   uint64_t staging_bytes = 0;
   uint64_t device_ring_bytes = 0;
+};
+
+// One event of a loader's timeline (SafeOpen::timeline, recorded with INSTANTTENSOR_TIMELINE=1):
+// `kind` is one of read_submitted, read, read_booked, staging_placed, staging_freed,
+// staging_full, copy_queued, copy_wait, consumer_wait, tensor_out, open (ops/loader/reads/
+// pass_timeline.h says what each means); `start` and `end` are steady-clock seconds (equal for an
+// instant); `bytes` and `tag` (a read's tag) where they apply, else 0.
+struct TimelineEvent {
+  std::string kind;
+  double start = 0;
+  double end = 0;
+  uint64_t bytes = 0;
+  uint64_t tag = 0;
 };
 
 // What load_into left unfilled (both empty with strict=true, which raises instead), sorted.
@@ -200,6 +214,10 @@ class SafeOpen {
   std::optional<std::pair<std::string, at::Tensor>> next();
 
   Stats stats() const;
+  // What the loader's stages did when since open, with INSTANTTENSOR_TIMELINE=1 set at open
+  // (empty otherwise), for finding what bounds a load (benchmarks/device_pipeline.py
+  // --timeline). Kept after close. Any thread.
+  std::vector<TimelineEvent> timeline() const;
   // What opening warned about, in order (empty when nothing did). Any thread.
   std::vector<std::string> warnings() const;
   uint64_t total_tensor_size() const;  // bytes of the selected tensors

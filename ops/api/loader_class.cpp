@@ -100,6 +100,15 @@ class LoaderHolder : public torch::CustomClassHolder {
     out.insert("exchange_seconds", s.exchange_seconds);
     return out;
   }
+  // (kind, start, end, bytes, tag) per event: SafeOpen::timeline.
+  std::vector<std::tuple<std::string, double, double, int64_t, int64_t>> timeline() {
+    std::vector<std::tuple<std::string, double, double, int64_t, int64_t>> out;
+    for (auto& e : opened_.timeline()) {
+      out.emplace_back(std::move(e.kind), e.start, e.end, static_cast<int64_t>(e.bytes),
+                       static_cast<int64_t>(e.tag));
+    }
+    return out;
+  }
   std::string backend() { return opened_.stats().backend; }
   std::string exchange() { return opened_.stats().exchange; }
   std::string staging() { return opened_.stats().staging; }
@@ -146,6 +155,7 @@ void define_loader_class(torch::Library& m) {
       .def("restart", &LoaderHolder::restart)
       .def("next", &LoaderHolder::next)
       .def("stats", &LoaderHolder::stats)
+      .def("timeline", &LoaderHolder::timeline)
       .def("backend", &LoaderHolder::backend)
       .def("exchange", &LoaderHolder::exchange)
       .def("staging", &LoaderHolder::staging)

@@ -45,6 +45,7 @@ void SafeOpen::restart() { loader_->restart(); }
 std::optional<std::pair<std::string, at::Tensor>> SafeOpen::next() { return loader_->next(); }
 Stats SafeOpen::stats() const { return loader_->stats(); }
 std::vector<std::string> SafeOpen::warnings() const { return loader_->warnings(); }
+std::vector<TimelineEvent> SafeOpen::timeline() const { return loader_->timeline(); }
 uint64_t SafeOpen::total_tensor_size() const { return loader_->total_tensor_size(); }
 uint64_t SafeOpen::buffer_size() const { return loader_->buffer_size(); }
 bool SafeOpen::copy() const { return loader_->copy(); }

@@ -47,7 +47,8 @@ ReadCompletion perform_read(const ReadRequest& request) {
     }
     done.bytes += static_cast<uint64_t>(got);
   }
-  done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  done.finished = std::chrono::steady_clock::now();
+  done.seconds = std::chrono::duration<double>(done.finished - start).count();
   return done;
 }
 

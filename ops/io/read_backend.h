@@ -1,6 +1,7 @@
 // The one submit/complete interface every read backend implements, torch-free.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,6 +42,8 @@ struct ReadCompletion {
   bool truncated = false;  // end of file came before `length` bytes: the file shrank
   uint64_t bytes = 0;      // bytes read
   double seconds = 0;      // time spent in the read calls
+  // When the last read call returned (a worker's clock: the consumer may learn of it later).
+  std::chrono::steady_clock::time_point finished{};
 };
 
 class ReadBackend {

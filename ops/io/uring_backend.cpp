@@ -96,8 +96,8 @@ class UringBackend final : public ReadBackend {
         }
       }
       done.bytes = slot.done;
-      done.seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - slot.start).count();
+      done.finished = std::chrono::steady_clock::now();
+      done.seconds = std::chrono::duration<double>(done.finished - slot.start).count();
       free_slots_.push_back(index);
       --in_flight_;
       fill();

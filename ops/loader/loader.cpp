@@ -104,6 +104,11 @@ Stats Loader::stats() const {
   return stats;
 }
 
+std::vector<TimelineEvent> Loader::timeline() const {
+  auto lock = mutex_.lock();
+  return reads_ ? reads_->timeline().events() : std::vector<TimelineEvent>{};
+}
+
 std::vector<std::string> Loader::warnings() const {
   auto lock = mutex_.lock();
   return warnings_;
@@ -167,7 +172,10 @@ std::optional<std::pair<std::string, at::Tensor>> Loader::next() {
   auto lock = mutex_.lock();
   ensure_open();
   refuse_in_child(kIterationInChild, /*iteration=*/true);
-  return walk_->next();
+  auto item = walk_->next();
+  if (item)
+    reads_->timeline().instant(loader::PassTimeline::Kind::TensorOut, item->second.nbytes());
+  return item;
 }
 
 void Loader::close() {

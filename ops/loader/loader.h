@@ -61,6 +61,7 @@ class Loader {
   void restart();
   std::optional<std::pair<std::string, at::Tensor>> next();
   Stats stats() const;
+  std::vector<TimelineEvent> timeline() const;
   std::vector<std::string> warnings() const;
   uint64_t total_tensor_size() const { return plan_.reads.total_bytes; }
   uint64_t buffer_size() const { return plan_.memory.buffer_size; }

@@ -65,6 +65,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   stats_.exchange = plan::describe_exchange(plan_.mode);
   stats_.buffer_size = plan_.memory.buffer_size;
   stats_.open_seconds = seconds_since(start);
+  reads_->timeline().record(loader::PassTimeline::Kind::Open, start, Clock::now());
 }
 
 void Loader::open_io() {
@@ -225,6 +226,7 @@ void Loader::start_reads(int local_ranks) {
   if (local_ranks > 1) io_->add_note(c10::str(local_ranks, " ranks on this host"));
   int depth = options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_);
+  if (options_.timeline) reads_->timeline().enable();
 }
 
 std::unique_ptr<loader::Pass> Loader::make_pass(std::shared_ptr<const io::MappedFiles> mapping,

@@ -234,6 +234,12 @@ ResolvedOptions resolve_options(const OpenOptions& options) {
     else if (*text != "0")
       bad("INSTANTTENSOR_DEBUG", *text, "0 or 1");
   }
+  if (auto text = env("INSTANTTENSOR_TIMELINE")) {
+    if (*text == "1")
+      resolved.timeline = true;
+    else if (*text != "0")
+      bad("INSTANTTENSOR_TIMELINE", *text, "0 or 1");
+  }
   // INSTANTTENSOR_MAX_FREE_MEM_USAGE only matters on accelerators, but a bad value is still an
   // error at open so a typo never goes unnoticed.
   resolved.free_share = free_memory_share(options.max_free_mem_usage);

@@ -34,12 +34,13 @@ struct ResolvedOptions {
   bool force_staging = false;
   bool print_warnings = true;
   bool debug = false;
+  bool timeline = false;  // INSTANTTENSOR_TIMELINE=1: record the stages' events
 };
 
 // Explicit fields win over INSTANTTENSOR_BUFFER_SIZE, _CHUNK_SIZE, _CONCURRENCY, _IO_DEPTH,
-// _BACKEND, _EXCHANGE and _DEBUG. A bad value (explicit or from the environment) is Error(Argument)
-// naming the option or variable and the accepted values, whichever API opened (C++ OpenOptions,
-// the Loader class, Python). Any thread.
+// _BACKEND, _EXCHANGE, _DEBUG and _TIMELINE. A bad value (explicit or from the environment) is
+// Error(Argument) naming the option or variable and the accepted values, whichever API opened (C++
+// OpenOptions, the Loader class, Python). Any thread.
 ResolvedOptions resolve_options(const OpenOptions& options);
 
 // The share of an accelerator's free memory the loader may use: `given` (max_free_mem_usage),

@@ -367,7 +367,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     def stats(self) -> dict[str, Any]:
         """Counters since open: bytes_read, read_requests, materializations, timings, backend,
         exchange (whether a process group exchanged bytes, and why), staging (the staging ring's
-        memory: "pinned", or "pageable (pinning refused: ...)" where the platform refused). After close() of a handle
+        memory: "pinned"; "pinned, smaller (...)" or "pageable (pinning refused: ...)" where the
+        platform refused to pin it all). After close() of a handle
         that was opened, still answers with the final counts."""
         engine = self._handle if self._closed and self._handle is not None else self._engine()
         with engine_errors():
@@ -379,6 +380,15 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
             counters["exchange"] = engine.exchange()
             counters["staging"] = engine.staging()
         return counters
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """What the loader's stages did when (reads, staging slices, copies, waits), recorded
+        when INSTANTTENSOR_TIMELINE=1 was set at open (else empty): dicts of kind, start, end
+        (time.monotonic seconds), bytes, tag. benchmarks/device_pipeline.py --timeline plots it."""
+        engine = self._handle if self._closed and self._handle is not None else self._engine()
+        with engine_errors():
+            return [{"kind": k, "start": s, "end": e, "bytes": b, "tag": t}
+                    for k, s, e, b, t in engine.timeline()]
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)

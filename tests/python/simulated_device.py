@@ -145,6 +145,12 @@ def engine_stats(index: int = 0, h2d: bool = True) -> dict:
     return {"copies": int(copies), "busy_seconds": busy, "first_start": first, "last_end": last}
 
 
+def engine_log(index: int = 0, h2d: bool = True) -> list[tuple[float, float, int]]:
+    """Each copy of that engine since reset_engine_stats: (start, end, bytes), time.monotonic."""
+    flat = torch.ops.simdev.engine_log(index, h2d)
+    return [(flat[i], flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+
+
 def reset_engine_stats() -> None:
     torch.ops.simdev.reset_engine_stats()
 

@@ -84,6 +84,7 @@ def test_bad_arguments_are_value_errors(model_files):
     ("INSTANTTENSOR_IO_DEPTH", "1.5"),
     ("INSTANTTENSOR_BACKEND", "nvme-of"),
     ("INSTANTTENSOR_DEBUG", "true"),
+    ("INSTANTTENSOR_TIMELINE", "yes"),
     ("INSTANTTENSOR_MAX_FREE_MEM_USAGE", "2"),
 ])
 def test_bad_environment_values_name_the_variable(model_files, monkeypatch, variable, value):

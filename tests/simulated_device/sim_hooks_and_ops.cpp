@@ -100,6 +100,15 @@ TORCH_LIBRARY(simdev, m) {
           return std::make_tuple(static_cast<int64_t>(e.copies), e.busy_seconds, e.first_start,
                                  e.last_end);
         });
+  // Each copy of that engine since reset_engine_stats, flattened: start, end, bytes, ...
+  m.def("engine_log(int device, bool h2d) -> float[]", [](int64_t device, bool h2d) {
+    std::vector<double> flat;
+    for (const auto& copy : engine_log(static_cast<c10::DeviceIndex>(device),
+                                       h2d ? Direction::HostToDevice : Direction::DeviceToHost)) {
+      flat.insert(flat.end(), {copy.start, copy.end, static_cast<double>(copy.bytes)});
+    }
+    return flat;
+  });
   m.def("reset_engine_stats() -> ()", [] { reset_engine_stats(); });
   m.def("device_bytes_peak(int device) -> int", [](int64_t device) {
     return static_cast<int64_t>(device_bytes_peak(static_cast<c10::DeviceIndex>(device)));

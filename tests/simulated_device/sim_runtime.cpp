@@ -67,6 +67,8 @@ Timing current_timing = timing_from_environment();
 // records what it did under it.
 std::array<std::array<std::mutex, 2>, kDeviceCount> engines;
 std::array<std::array<EngineStats, 2>, kDeviceCount> engine_records;
+std::array<std::array<std::vector<EngineCopy>, 2>, kDeviceCount> engine_logs;
+constexpr size_t kMaxLoggedCopies = size_t{1} << 20;
 
 double monotonic_seconds(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
@@ -236,6 +238,10 @@ void run_engine(c10::DeviceIndex device, Direction direction, size_t nbytes,
   record.copies += 1;
   record.busy_seconds += std::chrono::duration<double>(end - start).count();
   record.last_end = monotonic_seconds(end);
+  auto& log = engine_logs[device][static_cast<int>(direction)];
+  if (log.size() < kMaxLoggedCopies) {
+    log.push_back({monotonic_seconds(start), record.last_end, static_cast<uint64_t>(nbytes)});
+  }
 }
 }  // namespace
 
@@ -254,11 +260,18 @@ EngineStats engine_stats(c10::DeviceIndex device, Direction direction) {
   return engine_records[device][static_cast<int>(direction)];
 }
 
+std::vector<EngineCopy> engine_log(c10::DeviceIndex device, Direction direction) {
+  check_device(device);
+  std::lock_guard<std::mutex> engine(engines[device][static_cast<int>(direction)]);
+  return engine_logs[device][static_cast<int>(direction)];
+}
+
 void reset_engine_stats() {
   for (int d = 0; d < kDeviceCount; ++d) {
     for (int direction = 0; direction < 2; ++direction) {
       std::lock_guard<std::mutex> engine(engines[d][direction]);
       engine_records[d][direction] = EngineStats();
+      engine_logs[d][direction].clear();
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 namespace simdev {
 
@@ -137,6 +138,14 @@ struct EngineStats {
   double last_end = 0;
 };
 EngineStats engine_stats(c10::DeviceIndex device, Direction direction);
+// Each copy of one engine since the last reset_engine_stats (at most the first 2^20): when it
+// began and ended (steady clock) and its bytes, for a benchmark's timeline.
+struct EngineCopy {
+  double start = 0;
+  double end = 0;
+  uint64_t bytes = 0;
+};
+std::vector<EngineCopy> engine_log(c10::DeviceIndex device, Direction direction);
 void reset_engine_stats();
 void count_pending_poll();
 // Peaks restart at the bytes in use now.

@@ -121,6 +121,7 @@ void ReadPass::check_reads() {
 
 void ReadPass::wait_until_landed(size_t g, size_t units) {
   auto start = Clock::now();
+  TimelineSpan waited(reads_.timeline(), PassTimeline::Kind::ConsumerWait);
   GroupState& state = state_.groups[g];
   auto enough = [&] { return state.landed || (units != SIZE_MAX && state.units_landed >= units); };
   while (true) {

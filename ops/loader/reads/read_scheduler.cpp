@@ -42,6 +42,7 @@ size_t ReadScheduler::submit(size_t file_index, const plan::AlignedRange& range,
       backend().submit(io::ReadRequest{fd, range.begin + piece.offset, piece.length,
                                        dest + piece.offset, tag, piece.required, file_index});
       reads.pieces += 1;  // counted once queued
+      timeline_.instant(PassTimeline::Kind::ReadSubmitted, piece.length, tag);
     }
   } catch (...) {
     if (reads.pieces == 0) release_file(file_index);  // a backend that could not start
@@ -77,6 +78,13 @@ void ReadScheduler::wait_one() {
   stats_.bytes_read += completion.bytes;
   stats_.read_requests += 1;
   piece_done(completion.file);
+  if (timeline_.enabled()) {
+    auto read_start = completion.finished - std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(completion.seconds));
+    timeline_.record(PassTimeline::Kind::Read, read_start, completion.finished, completion.bytes,
+                     completion.tag);
+    timeline_.instant(PassTimeline::Kind::ReadBooked, completion.bytes, completion.tag);
+  }
   auto found = tags_.find(completion.tag);
   if (found == tags_.end()) return;  // a forgotten tag (an abandoned pass)
   TagState& state = found->second;

@@ -12,6 +12,7 @@
 #include "instanttensor/instanttensor.h"
 #include "io/io_setup.h"
 #include "io/read_backend.h"
+#include "loader/reads/pass_timeline.h"
 #include "plan/read_plan.h"
 
 namespace instanttensor::loader {
@@ -62,6 +63,10 @@ class ReadScheduler {
   // stops the wait there.
   void drain() noexcept;
   size_t in_flight() const { return backend_ ? backend_->in_flight() : 0; }
+  // The loader's timeline: held here because every stage that reads or waits holds the
+  // scheduler. Off until enabled; kept after stop().
+  PassTimeline& timeline() { return timeline_; }
+  const PassTimeline& timeline() const { return timeline_; }
   // The descriptors of a file the scheduler read are held until this (or drain): released if no
   // piece of file `file` (release_idle_files: of any file) is in flight. Callers release a file
   // once they have checked its reads (check_unchanged goes by the descriptor while it is held,
@@ -110,6 +115,7 @@ class ReadScheduler {
   std::unordered_map<uint64_t, TagState> tags_;
   std::set<uint64_t> failed_;
   std::vector<FileReads> files_;  // by file index, grown on submit
+  PassTimeline timeline_;
 };
 
 }  // namespace instanttensor::loader

@@ -13,10 +13,14 @@ bool StagingStream::submit(size_t file_index, const plan::AlignedRange& range, u
     // queued left the copy engine one copy at a time, idle while the host woke up and queued
     // the next (0.92 of a 1 GB/s engine on the simulated device; see
     // benchmarks/device_pipeline.py).
-    if (staging.regions().size() <= waiting_.size()) return false;
-    if (!staging.regions().front().readers_done.passed("staging_reuse")) return false;
-    staging.release_oldest();
+    if (staging.regions().size() <= waiting_.size() ||
+        !staging.regions().front().readers_done.passed("staging_reuse")) {
+      reads_.timeline().instant(PassTimeline::Kind::StagingFull, range.span);
+      return false;
+    }
+    release_oldest_slice();
   }
+  reads_.timeline().instant(PassTimeline::Kind::StagingPlaced, range.span, tag);
   reads_.submit(file_index, range, region->data, tag);
   waiting_.push_back(Slice{tag, region->data + range.prefix, to, range.length});
   return true;
@@ -29,12 +33,14 @@ CopyFence StagingStream::copy_oldest() {
   auto& regions = stage_.staging().regions();
   regions[regions.size() - waiting_.size()].readers_done = copied;
   waiting_.pop_front();
+  reads_.timeline().instant(PassTimeline::Kind::CopyQueued, slice.nbytes, slice.tag);
   return copied;
 }
 
 bool StagingStream::wait_oldest_copy() {
   if (stage_.staging().regions().size() <= waiting_.size()) return false;
-  stage_.staging().release_oldest();  // waits on the host for the copy that read it
+  TimelineSpan waited(reads_.timeline(), PassTimeline::Kind::CopyWait);
+  release_oldest_slice();  // waits on the host for the copy that read it
   return true;
 }
 
@@ -42,7 +48,14 @@ void StagingStream::drop_oldest() { waiting_.pop_front(); }
 
 void StagingStream::release_all() {
   waiting_.clear();
-  while (!stage_.staging().regions().empty()) stage_.staging().release_oldest();
+  while (!stage_.staging().regions().empty()) release_oldest_slice();
+}
+
+void StagingStream::release_oldest_slice() {
+  BorrowRing& staging = stage_.staging();
+  const uint64_t bytes = staging.regions().front().span;
+  staging.release_oldest();
+  reads_.timeline().instant(PassTimeline::Kind::StagingFreed, bytes);
 }
 
 }  // namespace instanttensor::loader

@@ -42,6 +42,9 @@ class StagingStream {
   void release_all();
 
  private:
+  // Frees the ring's oldest region (the host waits for a copy still reading it).
+  void release_oldest_slice();
+
   struct Slice {
     uint64_t tag;
     const uint8_t* staged;  // the wanted bytes in the staging ring
