@@ -307,6 +307,14 @@ TEST(ReadMethodProbe, TheFasterMethodWinsAndAMethodNotTimedLoses) {
   EXPECT_FALSE(io::decide_read_method(0, 0, 1 << 20).direct);
 }
 
+TEST(ReadMethodProbe, ProbesASixtyFourthOfTheCheckpointWithinBounds) {
+  EXPECT_EQ(io::probe_bytes_for(0), io::kLeastProbeBytes);
+  EXPECT_EQ(io::probe_bytes_for(512ull << 20), io::kLeastProbeBytes);
+  EXPECT_EQ(io::probe_bytes_for(1ull << 30), 16ull << 20);
+  EXPECT_EQ(io::probe_bytes_for(2ull << 30), io::kProbeBytes);
+  EXPECT_EQ(io::probe_bytes_for(100ull << 30), io::kProbeBytes);
+}
+
 TEST(ReadMethodProbe, TimesBothMethodsOnTheLargestFileOnlyWhenTheCheckpointIsLargeEnough) {
   TempDir dir;
   const uint64_t probe = 256 << 10;

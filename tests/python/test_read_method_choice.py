@@ -13,7 +13,7 @@ import instanttensor
 from instanttensor._demo_bench import evict, warm_up
 
 TIMED = re.compile(r"^(pread\+O_DIRECT|pread) \(auto: (buffered|O_DIRECT) ([0-9.]+) GB/s "
-                   r"against (O_DIRECT|buffered) ([0-9.]+) GB/s over 32 MiB each\)")
+                   r"against (O_DIRECT|buffered) ([0-9.]+) GB/s over ([0-9]+) MiB each\)")
 DIRECT_REFUSED = "O_DIRECT could not be timed"
 
 
@@ -43,7 +43,8 @@ def test_a_cold_pipeline_reads_with_the_method_timed_faster(large_checkpoint):
             assert DIRECT_REFUSED in backend, backend
             assert backend.startswith("pread (auto: buffered "), backend
         else:
-            read_by, chosen, chosen_rate, other, other_rate = timed.groups()
+            read_by, chosen, chosen_rate, other, other_rate, probe_mib = timed.groups()
+            assert probe_mib == "8", backend  # 1/64 of 272 MiB, at least 8 MiB
             assert {chosen, other} == {"buffered", "O_DIRECT"}
             # O_DIRECT is kept only when a quarter faster: buffered reads share the page cache.
             if chosen == "O_DIRECT":
