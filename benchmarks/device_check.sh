@@ -9,7 +9,9 @@
 # peers and the ceilings, byte-checked, a 2-process load over gloo). Results in OUT_DIR; the
 # exit status is non-zero if the build, a GPU test or any instanttensor sample failed.
 # Then the device pipeline's CUDA form (benchmarks/device_pipeline.py --device cuda: copy=True,
-# copy=False and load_into against the slower of the read rate and a pinned copy).
+# copy=False and load_into against the slower of the read rate and a pinned copy), with one
+# pass per cell on the loader's timeline beside it (device_pipeline_timeline.png and .json: what
+# bounds each cell on the GPU).
 # Sized for 11 minutes including the build: SIZE_GB (default 3) sets the benchmark checkpoint,
 # PIPELINE_SIZE_GB (default 1) the pipeline's.
 set -euo pipefail
@@ -73,7 +75,7 @@ fi
 echo "== device pipeline (benchmarks/device_pipeline.py, its CUDA form)"
 if ! timeout 300 "$PY" "$ROOT/benchmarks/device_pipeline.py" --device cuda \
     --size-gb "${PIPELINE_SIZE_GB:-1}" --samples 3 --json "$OUT/device_pipeline.json" \
-    --plot "$OUT/device_pipeline.png"; then
+    --plot "$OUT/device_pipeline.png" --timeline "$OUT/device_pipeline_timeline.png"; then
   echo "device pipeline: FAILED"
   STATUS=1
 fi

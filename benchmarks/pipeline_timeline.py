@@ -8,8 +8,8 @@ start and end); all on time.monotonic. From them, per pass:
   engine busy    share with the host->device engine copying (simulated device only)
   consumer wait  share the consumer blocked for bytes; copy wait: the host blocked on a copy
   disk idle      the rest of the disk's time, split by why: the open (headers, the cold read
-                 method probe, plans), the staging ring full (every slice read and waiting for
-                 its copy), the tail (every read done, copies finishing), other (a read could
+                 method probe, plans), the staging ring full (up to the limit then in force: every
+                 slice read and waiting for its copy), the tail (every read done, copies finishing), other (a read could
                  have been submitted and was not)
   bound by       the stage busy >= 90% of the pass, else the largest idle share
 """
@@ -80,7 +80,7 @@ def analyse(sample: dict) -> dict:
     # Why the disk was idle: each gap between reads, by what held at its middle.
     last_read_end = max((e for _, e in of("read")), default=lo)
     steps = _staging_steps(events)
-    ring = sample.get("staging_bytes") or 0
+    limits = sorted((e["start"], e["bytes"]) for e in events if e["kind"] == "staging_limit")
     largest = max((e["bytes"] for e in events if e["kind"] == "staging_placed"), default=0)
     idle = {"open": 0.0, "ring full": 0.0, "tail": 0.0, "other": 0.0}
     for s, e in _gaps(reads, lo, hi):
@@ -90,6 +90,10 @@ def analyse(sample: dict) -> dict:
             if t > middle:
                 break
             in_use = used
+        ring = sample.get("staging_bytes") or 0  # the ring, or the limit then in force
+        in_force = [limit for t, limit in limits if t <= middle]
+        if in_force:
+            ring = min(in_force[-1], ring) if ring else in_force[-1]
         if any(a <= middle <= b for a, b in opened) or middle < result["first_read_s"] + lo:
             idle["open"] += e - s
         elif middle >= last_read_end:

@@ -131,9 +131,9 @@ struct Stats {
 
 // One event of a loader's timeline (SafeOpen::timeline, recorded with INSTANTTENSOR_TIMELINE=1):
 // `kind` is one of read_submitted, read, read_booked, staging_placed, staging_freed,
-// staging_full, copy_queued, copy_wait, consumer_wait, tensor_out, open (ops/loader/reads/
-// pass_timeline.h says what each means); `start` and `end` are steady-clock seconds (equal for an
-// instant); `bytes` and `tag` (a read's tag) where they apply, else 0.
+// staging_full, staging_limit, copy_queued, copy_wait, consumer_wait, tensor_out, open
+// (ops/loader/reads/ pass_timeline.h says what each means); `start` and `end` are steady-clock
+// seconds (equal for an instant); `bytes` and `tag` (a read's tag) where they apply, else 0.
 struct TimelineEvent {
   std::string kind;
   double start = 0;

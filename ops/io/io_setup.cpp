@@ -186,6 +186,11 @@ void IoSetup::close() {
   mapping_.reset();  // views handed out keep their own reference
 }
 
+int IoSetup::reads_at_once(int threads, int depth) const {
+  if (uring_ && !mapping_) return std::max(depth, 1);
+  return std::max(threads, 1);
+}
+
 std::unique_ptr<ReadBackend> IoSetup::start_backend(int threads, int depth) {
   if (mapping_) {
     if (threads == 0) {

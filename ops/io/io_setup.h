@@ -76,6 +76,9 @@ class IoSetup {
   // consumer's thread (small checkpoints; io_uring, when asked for, is kept). Consumer thread;
   // call once.
   std::unique_ptr<ReadBackend> start_backend(int threads, int depth);
+  // Reads the backend start_backend(threads, depth) gives runs at once: io_uring's depth, else
+  // the workers (1 inline).
+  int reads_at_once(int threads, int depth) const;
   // "pread", "pread+O_DIRECT", "io_uring+O_DIRECT", ... and why a fallback happened, if any.
   std::string description() const { return description_ + note_; }
   // Appends " (note)" to the description: why the loader chose this setup. Consumer thread.

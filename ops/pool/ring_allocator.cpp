@@ -3,7 +3,7 @@
 namespace instanttensor::pool {
 
 RingAllocator::RingAllocator(uint64_t capacity, uint64_t alignment)
-    : capacity_(capacity), alignment_(alignment) {}
+    : capacity_(capacity), limit_(capacity), alignment_(alignment) {}
 
 uint64_t RingAllocator::aligned_from(uint64_t from, uint64_t phase) const {
   uint64_t want = phase & (alignment_ - 1);
@@ -19,14 +19,14 @@ std::optional<uint64_t> RingAllocator::allocate(uint64_t size, uint64_t phase) {
   };
   std::optional<uint64_t> at;
   if (regions_.empty()) {
-    at = fits_before(0, capacity_);
+    at = fits_before(0, limit_);
   } else {
     uint64_t tail = regions_.front().begin;
     uint64_t head = regions_.back().end;
     if (head > tail) {  // occupied [tail, head): free space after head, then before tail
-      at = fits_before(head, capacity_);
+      at = fits_before(head, limit_);
       if (!at) at = fits_before(0, tail);
-    } else {  // wrapped: occupied [tail, capacity) and [0, head)
+    } else {  // wrapped: occupied [tail, an earlier limit) and [0, head)
       at = fits_before(head, tail);
     }
   }

@@ -1,6 +1,7 @@
 // First-in first-out placement of regions in a fixed-size ring, pure offset arithmetic.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -25,6 +26,10 @@ class RingAllocator {
   bool empty() const { return regions_.empty(); }
   size_t region_count() const { return regions_.size(); }
   uint64_t capacity() const { return capacity_; }
+  // Regions are placed below `limit` (at most the capacity; at first the capacity): memory past
+  // it is never touched until the limit is raised, which may happen at any time.
+  void set_limit(uint64_t limit) { limit_ = std::min(std::max<uint64_t>(limit, 1), capacity_); }
+  uint64_t limit() const { return limit_; }
   // Worst-case bytes lost to alignment per region: requests should budget size + this.
   uint64_t alignment_slack() const { return alignment_ - 1; }
 
@@ -36,6 +41,7 @@ class RingAllocator {
   uint64_t aligned_from(uint64_t from, uint64_t phase) const;
 
   uint64_t capacity_;
+  uint64_t limit_;
   uint64_t alignment_;
   std::deque<Region> regions_;
 };

@@ -608,6 +608,20 @@ TEST(RingAllocator, FifoPlacementWrapsAndKeepsPhase) {
   EXPECT_FALSE(ring.allocate(1, 0));
 }
 
+TEST(RingAllocator, PlacesBelowItsLimitUntilRaised) {
+  pool::RingAllocator ring(1000, 1);
+  ring.set_limit(300);
+  EXPECT_EQ(ring.allocate(200, 0), 0u);
+  EXPECT_EQ(ring.allocate(200, 0), std::nullopt);  // would end past the limit
+  ring.set_limit(5000);                            // at most the capacity
+  EXPECT_EQ(ring.limit(), 1000u);
+  EXPECT_EQ(ring.allocate(200, 0), 200u);
+  ring.release_oldest();
+  ring.set_limit(450);  // lowered below a live region's end: later ones wrap under it
+  EXPECT_EQ(ring.allocate(100, 0), 0u);
+  EXPECT_EQ(ring.allocate(150, 0), std::nullopt);
+}
+
 TEST(RingAllocator, RandomizedNeverOverlapsLiveRegions) {
   pool::RingAllocator ring(4096, 64);
   std::deque<std::pair<uint64_t, uint64_t>> live;

@@ -101,6 +101,28 @@ def test_the_copy_engine_log_matches_the_copies_queued(tmp_path, monkeypatch):
         assert end - start >= nbytes / 1e9 * 0.99
 
 
+@pytest.mark.skipif(not simdev.load(), reason="needs the simulated device")
+def test_a_copy_bound_pass_keeps_the_staging_ring_at_its_first_limit(tmp_path, monkeypatch):
+    # Copies slower than the reads: slices wait for the engine, which more slots would not feed
+    # faster, so the ring stays at what the two workers and two copies need (2 + 2 slots of
+    # 64 KiB + 12 KiB of O_DIRECT room) and the rest of the 1 MiB ring is never touched.
+    monkeypatch.setenv("INSTANTTENSOR_TIMELINE", "1")
+    path, tensors = _checkpoint(tmp_path)
+    simdev.set_timing(0.05, 0.05, 10)
+    try:
+        with instanttensor.safe_open(path, framework="pt", device="simdev:0", concurrency=2,
+                                     staging_size=1 << 20, chunk_size=64 << 10) as f:
+            got = {name: t.cpu() for name, t in f.tensors()}
+    finally:
+        simdev.set_timing(0, 0, 0)
+    assert all(torch.equal(got[n], tensors[n]) for n in tensors)
+    events = f.timeline()
+    limits = [e["bytes"] for e in events if e["kind"] == "staging_limit"]
+    assert limits == [4 * (76 << 10)]
+    peak = max(in_use for _, in_use in pipeline_timeline._staging_steps(events))
+    assert 2 * (64 << 10) <= peak <= limits[0]
+
+
 def _sample(reads, engine, opened=(0.0, 1.0), staging=(), ring=0, end=10.0):
     events = [{"kind": "open", "start": opened[0], "end": opened[1], "bytes": 0, "tag": 0}]
     events += [{"kind": "read", "start": s, "end": e, "bytes": 1, "tag": 0} for s, e in reads]
@@ -129,3 +151,9 @@ def test_the_analysis_splits_the_disks_idle_time_by_cause():
     gap = pipeline_timeline.analyse(_sample(reads=[(1, 5), (7, 10)], engine=[],
                                             staging=[(1, "staging_placed", 10)], ring=100))
     assert gap["disk_idle"]["other"] == pytest.approx(0.2)
+    # The same gap with the ring's limit at 15 then: the ring was full up to its limit.
+    limited = pipeline_timeline.analyse(_sample(
+        reads=[(1, 5), (7, 10)], engine=[],
+        staging=[(0.5, "staging_limit", 15), (1, "staging_placed", 10), (8, "staging_limit", 90)],
+        ring=100))
+    assert limited["disk_idle"]["ring full"] == pytest.approx(0.2)

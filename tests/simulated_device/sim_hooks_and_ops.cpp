@@ -84,10 +84,10 @@ TORCH_LIBRARY(simdev, m) {
   m.def("set_move_bytes(bool on) -> ()", [](bool on) { set_move_bytes(on); });
   // (host waits, host syncs, pending polls) since the process started (sim_runtime.h): read
   // before and after a phase.
-  m.def("counters() -> (int, int, int)", [] {
+  m.def("counters() -> (int, int, int, float)", [] {
     Counters c = counters();
     return std::make_tuple(static_cast<int64_t>(c.host_waits), static_cast<int64_t>(c.host_syncs),
-                           static_cast<int64_t>(c.pending_polls));
+                           static_cast<int64_t>(c.pending_polls), c.worker_cpu_seconds);
   });
   m.def("reset_peaks() -> ()", [] { reset_peaks(); });
   m.def("stale_accesses() -> int", [] { return static_cast<int64_t>(stale_accesses()); });

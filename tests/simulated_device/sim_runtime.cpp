@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <random>
 #include <string>
@@ -41,6 +42,13 @@ std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>, kDeviceCount>
 thread_local c10::DeviceIndex thread_device = 0;
 thread_local bool on_stream_worker = false;
 std::atomic<uint64_t> host_wait_count{0};
+std::atomic<uint64_t> worker_cpu_nanoseconds{0};
+
+uint64_t thread_cpu_nanoseconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
+}
 std::atomic<uint64_t> host_sync_count{0};
 std::atomic<uint64_t> pending_poll_count{0};
 
@@ -143,7 +151,9 @@ void Stream::run() {
     queue_.pop_front();
     lock.unlock();
     maybe_delay();
+    const uint64_t cpu_start = thread_cpu_nanoseconds();
     op();
+    worker_cpu_nanoseconds.fetch_add(thread_cpu_nanoseconds() - cpu_start);
     // Released outside the lock: its captures (a storage kept alive for the copy) may free a
     // device block, which queues on a stream, maybe this one.
     op = nullptr;
@@ -281,6 +291,7 @@ Counters counters() {
   c.host_waits = host_wait_count.load();
   c.host_syncs = host_sync_count.load();
   c.pending_polls = pending_poll_count.load();
+  c.worker_cpu_seconds = static_cast<double>(worker_cpu_nanoseconds.load()) * 1e-9;
   return c;
 }
 

@@ -95,7 +95,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   c10::DeviceGuard guard(device);
   // Work already queued on the consumer's stream may still read the old values.
   CopyFence::after(stage.streams().consumer()).block(stage.streams().loader(), "load_into_start");
-  StagingStream stream(stage, reads);
+  StagingStream stream(stage, reads, slice);
   std::deque<const format::IndexedTensor*> sources;  // of the waiting slices, in order
   std::optional<Error> failed;
   CopyFence last;

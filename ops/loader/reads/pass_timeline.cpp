@@ -26,6 +26,8 @@ const char* PassTimeline::name(Kind kind) {
       return "tensor_out";
     case Kind::Open:
       return "open";
+    case Kind::StagingLimit:
+      return "staging_limit";
   }
   return "unknown";
 }

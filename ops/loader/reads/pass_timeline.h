@@ -31,6 +31,7 @@ class PassTimeline {
     ConsumerWait,   // the consumer blocked for a tensor's bytes (interval)
     TensorOut,      // a tensor handed out (instant)
     Open,           // the open: headers, the read method (a cold probe), plans (interval)
+    StagingLimit,   // the staging ring's limit set or raised (instant; bytes: the new limit)
   };
   static const char* name(Kind kind);
 

@@ -63,6 +63,9 @@ class ReadScheduler {
   // stops the wait there.
   void drain() noexcept;
   size_t in_flight() const { return backend_ ? backend_->in_flight() : 0; }
+  // Reads the backend runs at once (its workers, or io_uring's depth): fewer in flight leaves
+  // the storage waiting.
+  size_t reads_at_once() const { return static_cast<size_t>(io_.reads_at_once(threads_, depth_)); }
   // The loader's timeline: held here because every stage that reads or waits holds the
   // scheduler. Off until enabled; kept after stop().
   PassTimeline& timeline() { return timeline_; }

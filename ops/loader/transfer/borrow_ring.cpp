@@ -111,6 +111,7 @@ void BorrowRing::ensure_memory() {
     }
   }
   allocator_ = std::make_unique<pool::RingAllocator>(capacity_, alignment_);
+  allocator_->set_limit(limit_);
   allocated_bytes_ = capacity_;
   switch (memory_) {
     case Memory::Host:
@@ -122,6 +123,15 @@ void BorrowRing::ensure_memory() {
       memory_description_ = "device";
       break;
   }
+}
+
+void BorrowRing::raise_limit(uint64_t limit) {
+  limit_ = limit_ == UINT64_MAX ? limit : std::max(limit_, limit);
+  if (allocator_) allocator_->set_limit(std::max(allocator_->limit(), limit_));
+}
+
+uint64_t BorrowRing::limit() const {
+  return allocator_ ? allocator_->limit() : std::min(limit_, capacity_);
 }
 
 BorrowRing::Region* BorrowRing::place(uint64_t span, uint64_t phase) {

@@ -81,6 +81,12 @@ class BorrowRing {
 
   uint64_t bytes_in_use() const { return in_use_; }
   uint64_t capacity() const { return capacity_; }
+  // Regions are placed in the first `limit` bytes only, so memory the platform faults in lazily
+  // is touched only as far as the load needs. Until the first call, all of the ring; the first
+  // call sets the limit, later ones only raise it; any time. limit(): the one in force (at most
+  // the capacity).
+  void raise_limit(uint64_t limit);
+  uint64_t limit() const;
   Memory memory() const { return memory_; }
 
  private:
@@ -106,6 +112,7 @@ class BorrowRing {
   bool pinned_ = false;             // the block is pinned memory
   std::string memory_description_;  // staging_memory()
   uint64_t allocated_bytes_ = 0;
+  uint64_t limit_ = UINT64_MAX;  // raise_limit's, applied to allocator_ once it exists
 };
 
 }  // namespace instanttensor::loader

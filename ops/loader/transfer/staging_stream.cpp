@@ -1,12 +1,36 @@
 #include "loader/transfer/staging_stream.h"
 
+#include "plan/memory_plan.h"
+
 namespace instanttensor::loader {
+
+StagingStream::StagingStream(DeviceStage& stage, ReadScheduler& reads, uint64_t slice_bytes)
+    : stage_(stage), reads_(reads) {
+  if (slice_bytes > 0) {
+    slot_bytes_ = slice_bytes + 3 * plan::kMaxDirectAlignment;
+    stage_.staging().raise_limit((reads_.reads_at_once() + 2) * slot_bytes_);
+    reads_.timeline().instant(PassTimeline::Kind::StagingLimit, stage_.staging().limit());
+  }
+}
+
+bool StagingStream::may_grow() const {
+  const BorrowRing& staging = stage_.staging();
+  if (slot_bytes_ == 0 || staging.limit() >= staging.capacity()) return false;
+  if (stage_.staging().regions().empty()) return true;  // a read larger than the limit
+  return reads_.in_flight() < reads_.reads_at_once() && !waiting_.empty() &&
+         reads_.done(waiting_.front().tag);
+}
 
 bool StagingStream::submit(size_t file_index, const plan::AlignedRange& range, uint8_t* to,
                            uint64_t tag) {
   BorrowRing& staging = stage_.staging();
   BorrowRing::Region* region;
   while (!(region = staging.place(range.span, 0))) {
+    if (may_grow()) {
+      staging.raise_limit(staging.limit() + std::max(slot_bytes_, range.span));
+      reads_.timeline().instant(PassTimeline::Kind::StagingLimit, staging.limit());
+      continue;
+    }
     // Only the oldest regions, whose bytes were already copied, can be reused; the others stay
     // in flight (freeing by landing everything first left one read in flight: 1.0 -> 0.8 s
     // cold on 1.76 GB). A copy still running is not waited for here: blocking on the copy just
