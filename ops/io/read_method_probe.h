@@ -13,8 +13,9 @@ namespace instanttensor::io {
 // Bytes each method reads when timed: 1/64 of the checkpoint, from kLeastProbeBytes to
 // kProbeBytes (32 MiB: tens of milliseconds at 1-2 GB/s, enough for a rate that a few hundred
 // microseconds of jitter do not swing). The O_DIRECT probe's bytes miss the page cache and are
-// read again by the load, so the probe costs the open at most ~2% of the load's reads (a fixed
-// 32 MiB each took 0.08-0.09 s of the open of 0.5 GB here, 15-23% of a cold staged load).
+// read again by the load, so the probe costs the open about 2% of the load's reads (3% for the
+// smallest timed checkpoints, at the 8 MiB floor; a fixed 32 MiB each took 0.08-0.09 s of the
+// open of 0.5 GB here, 15-23% of a cold staged load).
 constexpr uint64_t kProbeBytes = 32ull << 20;
 constexpr uint64_t kLeastProbeBytes = 8ull << 20;
 uint64_t probe_bytes_for(uint64_t checkpoint_bytes);

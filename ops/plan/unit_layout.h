@@ -27,6 +27,8 @@ struct UnitLayout {
   };
   Unit unit(uint64_t group_bytes, size_t u) const;
   uint64_t padding() const { return static_cast<uint64_t>(world) * kSliceAlignment; }
+  // The most one rank reads of a unit: its slice (the unit itself for a rank alone).
+  uint64_t slice_bytes() const { return unit_bytes / static_cast<uint64_t>(world); }
 };
 
 }  // namespace instanttensor::plan

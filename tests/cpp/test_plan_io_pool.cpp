@@ -617,7 +617,7 @@ TEST(RingAllocator, PlacesBelowItsLimitUntilRaised) {
   EXPECT_EQ(ring.limit(), 1000u);
   EXPECT_EQ(ring.allocate(200, 0), 200u);
   ring.release_oldest();
-  ring.set_limit(450);  // lowered below a live region's end: later ones wrap under it
+  ring.set_limit(450);  // lowered: what no longer fits below it wraps to the start
   EXPECT_EQ(ring.allocate(100, 0), 0u);
   EXPECT_EQ(ring.allocate(150, 0), std::nullopt);
 }

@@ -102,10 +102,10 @@ def test_the_copy_engine_log_matches_the_copies_queued(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not simdev.load(), reason="needs the simulated device")
-def test_a_copy_bound_pass_keeps_the_staging_ring_at_its_first_limit(tmp_path, monkeypatch):
-    # Copies slower than the reads: slices wait for the engine, which more slots would not feed
-    # faster, so the ring stays at what the two workers and two copies need (2 + 2 slots of
-    # 64 KiB + 12 KiB of O_DIRECT room) and the rest of the 1 MiB ring is never touched.
+def test_a_staged_pass_uses_the_staging_ring_only_up_to_its_limit(tmp_path, monkeypatch):
+    # Copies slower than the reads, so slices queue up for the engine: the ring still holds only
+    # what the two workers and two copies need (2 + 2 slots of 64 KiB + 12 KiB of O_DIRECT
+    # room); the rest of the 1 MiB ring is never touched.
     monkeypatch.setenv("INSTANTTENSOR_TIMELINE", "1")
     path, tensors = _checkpoint(tmp_path)
     simdev.set_timing(0.05, 0.05, 10)

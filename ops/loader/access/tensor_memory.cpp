@@ -8,7 +8,7 @@ TensorMemory::TensorMemory(const PassPlan& plan, c10::Device target, Stats& stat
   if (plan.mode.staged) {
     stage_ = std::make_unique<DeviceStage>(
         target, plan.memory.staging_bytes, plan.ring_alignment, plan.memory.device_ring_bytes,
-        plan::staging_ring_min_bytes(plan.memory.layout.unit_bytes));
+        plan::staging_ring_min_bytes(plan.memory.layout.slice_bytes()));
   }
   factory_ = std::make_unique<TensorFactory>(*plan.checkpoint, stage_.get(), stats);
 }

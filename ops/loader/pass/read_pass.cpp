@@ -16,7 +16,7 @@ ReadPass::ReadPass(const PassPlan& plan, ReadScheduler& reads, TensorMemory& mem
   const uint64_t bound = plan.memory.buffer_size;
   const uint64_t padding = plan.mode.exchanging() ? plan.memory.layout.padding() : 0;
   if (DeviceStage* stage = memory.stage()) {
-    staging_ = std::make_unique<StagingStream>(*stage, reads, plan.memory.layout.unit_bytes);
+    staging_ = std::make_unique<StagingStream>(*stage, reads, plan.memory.layout.slice_bytes());
     device_owned_ = std::make_unique<OwnedPlacement>(plan, memory.recycled(), stage, bound, stats);
     device_ring_placement_ =
         std::make_unique<RingPlacement>(plan, stage->device_ring(), padding, stats);

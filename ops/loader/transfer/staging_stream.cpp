@@ -7,18 +7,10 @@ namespace instanttensor::loader {
 StagingStream::StagingStream(DeviceStage& stage, ReadScheduler& reads, uint64_t slice_bytes)
     : stage_(stage), reads_(reads) {
   if (slice_bytes > 0) {
-    slot_bytes_ = slice_bytes + 3 * plan::kMaxDirectAlignment;
-    stage_.staging().raise_limit((reads_.reads_at_once() + 2) * slot_bytes_);
+    const uint64_t slot = slice_bytes + 3 * plan::kMaxDirectAlignment;  // with O_DIRECT's room
+    stage_.staging().raise_limit((reads_.reads_at_once() + 2) * slot);
     reads_.timeline().instant(PassTimeline::Kind::StagingLimit, stage_.staging().limit());
   }
-}
-
-bool StagingStream::may_grow() const {
-  const BorrowRing& staging = stage_.staging();
-  if (slot_bytes_ == 0 || staging.limit() >= staging.capacity()) return false;
-  if (stage_.staging().regions().empty()) return true;  // a read larger than the limit
-  return reads_.in_flight() < reads_.reads_at_once() && !waiting_.empty() &&
-         reads_.done(waiting_.front().tag);
 }
 
 bool StagingStream::submit(size_t file_index, const plan::AlignedRange& range, uint8_t* to,
@@ -26,8 +18,9 @@ bool StagingStream::submit(size_t file_index, const plan::AlignedRange& range, u
   BorrowRing& staging = stage_.staging();
   BorrowRing::Region* region;
   while (!(region = staging.place(range.span, 0))) {
-    if (may_grow()) {
-      staging.raise_limit(staging.limit() + std::max(slot_bytes_, range.span));
+    if (staging.regions().empty() && staging.limit() < staging.capacity()) {
+      // A read larger than the limit (a caller whose slices exceed the one it stated).
+      staging.raise_limit(staging.capacity());
       reads_.timeline().instant(PassTimeline::Kind::StagingLimit, staging.limit());
       continue;
     }

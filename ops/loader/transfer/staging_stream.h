@@ -17,11 +17,11 @@ class StagingStream {
  public:
   // `stage` and `reads` outlive this object. Consumer thread only. `slice_bytes` > 0: the
   // largest read submitted (the plan's slice); the ring is then used only as far as keeps every
-  // read the backend runs at once busy plus two slices under copy, and grows a slice at a time
-  // when a read would wait for a slot while the backend has room and the oldest slice, read,
-  // waits for the consumer to queue its copy (a copy still running is waited for instead: the
-  // engine is then the bound, and more slices would not feed it faster). Memory the platform
-  // faults in lazily (pageable staging, lazily pinned memory) is touched only that far.
+  // read the backend runs at once busy plus two slices under copy (a read larger than that
+  // takes the whole ring), so memory the platform faults in lazily (pageable staging, lazily
+  // pinned memory) is touched only that far. A limit that followed the measured rates was tried
+  // and dropped: the consumer's thread books reads and queues copies before it submits, so at
+  // a submit it cannot tell an engine behind from copies it has just queued.
   StagingStream(DeviceStage& stage, ReadScheduler& reads, uint64_t slice_bytes = 0);
 
   // Submits the read of `range` of file `file_index` (tag `tag`) into a fresh staging slice,
@@ -48,8 +48,6 @@ class StagingStream {
   void release_all();
 
  private:
-  // Whether the ring should take one more slot (see the constructor) rather than wait.
-  bool may_grow() const;
   // Frees the ring's oldest region (the host waits for a copy still reading it).
   void release_oldest_slice();
 
@@ -61,7 +59,6 @@ class StagingStream {
   };
   DeviceStage& stage_;
   ReadScheduler& reads_;
-  uint64_t slot_bytes_ = 0;    // a slice with the room its alignment may take; 0: no limit
   std::deque<Slice> waiting_;  // the ring's newest regions, in the same order
 };
 
