@@ -60,12 +60,12 @@ uint64_t staging_slice_bytes(uint64_t chunk_size, uint64_t staging_bytes, uint64
 constexpr uint64_t kMaxDirectAlignment = 4096;
 constexpr uint64_t kMinStagingBytes = 32ull << 10;
 
-// The smallest staging ring that still holds two reads of `slice` bytes, each widened for
-// O_DIRECT and placed at an aligned offset: where pinning the whole ring is refused, a pinned
-// ring this small keeps reads and copies overlapping with the slices already planned.
-inline uint64_t staging_ring_min_bytes(uint64_t slice) {
-  return 2 * (slice + 3 * kMaxDirectAlignment);
-}
+// The staging bytes one read of `slice` bytes may take: widened for O_DIRECT and placed at an
+// aligned offset.
+inline uint64_t staging_slot_bytes(uint64_t slice) { return slice + 3 * kMaxDirectAlignment; }
+// The smallest staging ring that still holds two such reads: where pinning the whole ring is
+// refused, a pinned ring this small keeps reads and copies overlapping with the planned slices.
+inline uint64_t staging_ring_min_bytes(uint64_t slice) { return 2 * staging_slot_bytes(slice); }
 constexpr uint64_t kDeviceRingAlignment = 256;  // what device allocators hand out
 
 }  // namespace instanttensor::plan

@@ -368,9 +368,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         """Counters since open: bytes_read, read_requests, materializations, timings, backend,
         exchange (whether a process group exchanged bytes, and why), staging (the staging ring's
         memory: "pinned"; "pinned, smaller (...)" or "pageable (pinning refused: ...)" where the
-        platform refused to pin it all). After close() of a handle
-        that was opened, still answers with the final counts."""
-        engine = self._handle if self._closed and self._handle is not None else self._engine()
+        platform refused to pin it all). After close() still answers with the final counts."""
+        engine = self._engine_or_final()
         with engine_errors():
             counters: dict[str, Any] = {
                 k: (int(v) if float(v).is_integer() and not k.endswith("seconds") else v)
@@ -385,10 +384,13 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         """What the loader's stages did when (reads, staging slices, copies, waits), recorded
         when INSTANTTENSOR_TIMELINE=1 was set at open (else empty): dicts of kind, start, end
         (time.monotonic seconds), bytes, tag. benchmarks/device_pipeline.py --timeline plots it."""
-        engine = self._handle if self._closed and self._handle is not None else self._engine()
         with engine_errors():
             return [{"kind": k, "start": s, "end": e, "bytes": b, "tag": t}
-                    for k, s, e, b, t in engine.timeline()]
+                    for k, s, e, b, t in self._engine_or_final().timeline()]
+
+    def _engine_or_final(self) -> Any:
+        """The engine; after close() of an opened handle, the closed one (its final figures)."""
+        return self._handle if self._closed and self._handle is not None else self._engine()
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)

@@ -7,8 +7,8 @@ namespace instanttensor::loader {
 StagingStream::StagingStream(DeviceStage& stage, ReadScheduler& reads, uint64_t slice_bytes)
     : stage_(stage), reads_(reads) {
   if (slice_bytes > 0) {
-    const uint64_t slot = slice_bytes + 3 * plan::kMaxDirectAlignment;  // with O_DIRECT's room
-    stage_.staging().raise_limit((reads_.reads_at_once() + 2) * slot);
+    stage_.staging().raise_limit((reads_.reads_at_once() + 2) *
+                                 plan::staging_slot_bytes(slice_bytes));
     reads_.timeline().instant(PassTimeline::Kind::StagingLimit, stage_.staging().limit());
   }
 }
