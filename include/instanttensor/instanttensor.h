@@ -127,6 +127,11 @@ struct Stats {
   // (copy=false or an exchange on an accelerator; bounded by buffer_size and device_budget).
   uint64_t staging_bytes = 0;
   uint64_t device_ring_bytes = 0;
+  // Memory advice (madvise) the kernel refused while this loader was open, in the whole process:
+  // the load goes on with right bytes, only resident memory or speed differ (a kernel without
+  // transparent huge pages, locked pages that cannot be given back). The debug line names the
+  // first.
+  uint64_t advice_refused = 0;
 };
 
 // One event of a loader's timeline (SafeOpen::timeline, recorded with INSTANTTENSOR_TIMELINE=1):

@@ -88,6 +88,7 @@ class LoaderHolder : public torch::CustomClassHolder {
     out.insert("materializations", static_cast<double>(s.materializations));
     out.insert("misaligned_copies", static_cast<double>(s.misaligned_copies));
     out.insert("leased_views", static_cast<double>(s.leased_views));
+    out.insert("advice_refused", static_cast<double>(s.advice_refused));
     out.insert("buffer_size", static_cast<double>(s.buffer_size));
     out.insert("peak_pool_bytes", static_cast<double>(s.peak_pool_bytes));
     out.insert("recycled_blocks", static_cast<double>(s.recycled_blocks));

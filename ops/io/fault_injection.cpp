@@ -99,6 +99,13 @@ int injected_uring_submit_failure() {
   return ++uring_submits > plan.fail_uring_submit_after ? plan.fail_uring_submit : 0;
 }
 
+int injected_advice_refusal(int advice) {
+  if (!armed.load(std::memory_order_relaxed)) return 0;
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  if (!armed.load() || plan.refuse_advice == 0) return 0;
+  return plan.refuse_advice == -1 || plan.refuse_advice == advice ? plan.refuse_errno : 0;
+}
+
 #else
 bool testing_hooks_built() { return false; }
 #endif

@@ -22,6 +22,10 @@ struct FaultPlan {
   // Every read call waits before reading until release_held_reads() (a gate the test opens, so
   // it can act while a load is surely underway).
   bool hold_reads = false;
+  // Every madvise of this advice (MADV_DONTNEED, ...; -1: any) is refused with refuse_errno
+  // instead of made (io/memory_advice.h); 0: never.
+  int refuse_advice = 0;
+  int refuse_errno = 22;  // EINVAL, as a kernel without the advice answers
 };
 
 #ifdef INSTANTTENSOR_TESTING_HOOKS
@@ -41,10 +45,13 @@ int injected_fault(uint64_t* length);
 bool injected_uring_setup_failure();
 // The errno an io_uring submit should report instead of submitting, or 0.
 int injected_uring_submit_failure();
+// The errno a madvise of `advice` should report instead of advising, or 0.
+int injected_advice_refusal(int advice);
 #else
 inline int injected_fault(uint64_t*) { return 0; }
 inline bool injected_uring_setup_failure() { return false; }
 inline int injected_uring_submit_failure() { return 0; }
+inline int injected_advice_refusal(int) { return 0; }
 #endif
 
 }  // namespace instanttensor::io

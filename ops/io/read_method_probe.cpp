@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "io/direct_io.h"
+#include "io/memory_advice.h"
 
 namespace instanttensor::io {
 
@@ -142,7 +143,7 @@ ReadMethodChoice measure_read_methods(const std::vector<FileToRead>& files, uint
   // Faulted before either timing: the first method would otherwise pay for fresh pages (here up
   // to a second per 256 MiB under load) and the second would not. In 2 MiB pages where the
   // kernel grants them: faulting 4 KiB pages cost about 1 ms per MiB in this project's VM.
-  (void)::madvise(memory, probe_bytes, MADV_HUGEPAGE);
+  (void)advise(memory, probe_bytes, MADV_HUGEPAGE, "the read method probe's buffer");
   std::memset(buffer.get(), 0, probe_bytes);
   double direct_rate = 0;
   DirectIoAlignment alignment;

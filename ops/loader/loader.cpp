@@ -51,11 +51,8 @@ void Loader::leave_parent_work_behind() {
   const auto& recycled = memory_->replace_pool_after_fork();
   pass_->replace_pool(recycled);
   random_->replace_pool(recycled);
-  loader::PassState& pass = pass_->state();
-  if (pass.started && !pass.error) {
-    pass.error.emplace(
-        process_.refusal(plan_.first_path(), "an iteration that was in progress at the fork"));
-  }
+  pass_->refuse_after_fork(
+      process_.refusal(plan_.first_path(), "an iteration that was in progress at the fork"));
 }
 
 void Loader::refuse_in_child(const std::string& what, bool iteration) const {
@@ -95,6 +92,7 @@ Stats Loader::stats() const {
   auto lock = mutex_.lock();
   Stats stats = stats_;
   stats.recycled_blocks = memory_->recycled()->reuses();
+  stats.advice_refused = io::advice_refusals() - advice_refusals_at_open_;
   if (loader::DeviceStage* stage = memory_->stage()) {
     std::string staging = stage->staging().staging_memory();
     if (!staging.empty()) stats.staging = std::move(staging);
@@ -191,8 +189,7 @@ void Loader::close() {
   }
   pass_->drain();
   reads_->drain();  // whatever the pass: nothing may still write into memory freed below
-  pass_->state().items.clear();
-  pass_->state().groups.clear();
+  pass_->forget_items();
   reads_->stop();  // joins the workers
   io_->close();
   // Retained borrowed tensors must outlive the rings: copied out now, once the gathers into
@@ -208,11 +205,16 @@ void Loader::close() {
 void Loader::print_debug_line() const {
   // Ranks print one line each into one stream: the rank says whose line it is, and the line
   // goes out in one write, so that lines of processes sharing the stream do not interleave.
-  std::string line = c10::str(
-      "[instanttensor] ", plan_.first_path(), walk_->rank_label(), ": ", stats_.bytes_read,
-      " bytes in ", stats_.read_requests, " reads, wait ", stats_.wait_seconds, " s, read ",
-      stats_.read_seconds, " s, materializations ", stats_.materializations, ", copy ",
-      options_.copy ? "owned" : "borrowed", ", exchange: ", stats_.exchange, "\n");
+  std::string line =
+      c10::str("[instanttensor] ", plan_.first_path(), walk_->rank_label(), ": ", stats_.bytes_read,
+               " bytes in ", stats_.read_requests, " reads, wait ", stats_.wait_seconds,
+               " s, read ", stats_.read_seconds, " s, materializations ", stats_.materializations,
+               ", copy ", options_.copy ? "owned" : "borrowed", ", exchange: ", stats_.exchange);
+  if (io::advice_refusals() > advice_refusals_at_open_) {
+    line += c10::str(", advice refused ", io::advice_refusals() - advice_refusals_at_open_,
+                     " times (first in this process: ", io::first_advice_refusal(), ")");
+  }
+  line += "\n";
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "instanttensor/instanttensor.h"
+#include "io/memory_advice.h"
 #include "loader/fork_safety.h"
 #include "loader/options.h"
 #include "loader/pass/pass_state.h"
@@ -119,6 +120,8 @@ class Loader {
   loader::PassPlan plan_;  // the checkpoint, the load mode and the plans, fixed at open
   std::unique_ptr<io::IoSetup> io_;
   Stats stats_;  // before reads_, which books into it until destroyed
+  // The process's madvise refusals when this loader opened (stats() counts those since).
+  const uint64_t advice_refusals_at_open_ = io::advice_refusals();
   std::vector<std::string> warnings_;
   std::unique_ptr<loader::ReadScheduler> reads_;
   std::unique_ptr<loader::TensorMemory> memory_;

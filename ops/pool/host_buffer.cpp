@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "instanttensor/error.h"
+#include "io/memory_advice.h"
 
 namespace instanttensor::pool {
 
@@ -47,7 +48,9 @@ HostBlock allocate_host_block(uint64_t nbytes, uint64_t min_alignment, const cha
   if (base + length > start + rounded) {
     ::munmap(reinterpret_cast<void*>(start + rounded), base + length - (start + rounded));
   }
-  ::madvise(reinterpret_cast<void*>(start), rounded, MADV_HUGEPAGE);
+  // A refusal (THP off) only costs speed: counted (io/memory_advice.h).
+  (void)io::advise(reinterpret_cast<void*>(start), rounded, MADV_HUGEPAGE,
+                   "a large host block's huge pages");
   return HostBlock{reinterpret_cast<void*>(start), rounded, true};
 }
 
@@ -103,7 +106,10 @@ namespace {
 void advise_huge_pages(void* data, uint64_t nbytes) noexcept {
   auto begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) / kHugePage * kHugePage;
   auto end = (reinterpret_cast<uintptr_t>(data) + nbytes) / kHugePage * kHugePage;
-  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  if (end > begin) {
+    (void)io::advise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE,
+                     "pinned staging's huge pages");
+  }
 }
 }  // namespace
 

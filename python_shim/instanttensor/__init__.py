@@ -15,8 +15,9 @@ load_library()
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from ._backends import Backend, BackendPolicy  # noqa: E402
 from ._errors import SafetensorError  # noqa: E402
-from ._files import load_file, load_into, save_file  # noqa: E402
-from ._safe_open import LoadIntoResult, _safe_open_handle, safe_open  # noqa: E402
+from ._destinations import LoadIntoResult  # noqa: E402
+from ._files import _safe_open_handle, load_file, load_into, save_file  # noqa: E402
+from ._safe_open import safe_open  # noqa: E402
 
 # Names whose modules load on first use. vLLM imports this package inside its timed weight
 # loading, and these modules cost about 1 ms of its import: a loader that only opens and

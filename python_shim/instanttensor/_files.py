@@ -10,7 +10,8 @@ import torch
 from ._device import DeviceLike
 from ._errors import (SafetensorNotImplementedError, SafetensorRuntimeError, SafetensorTypeError,
                       SafetensorValueError, engine_errors)
-from ._safe_open import LoadIntoResult, safe_open
+from ._destinations import LoadIntoResult
+from ._safe_open import safe_open
 from ._paths import PathLike
 
 
@@ -100,3 +101,15 @@ def save_file(
             [tensors[n] for n in names], names, os.fspath(filename), keys, values,
             metadata is not None,
         )
+
+
+def _safe_open_handle(f: Any, framework: str, device: DeviceLike = "cpu", *,
+                      backend: Any = None) -> safe_open:
+    """safetensors' `_safe_open_handle`: a safe_open over the file behind an open file object
+    (a built-in file, an fsspec local file, ...), which must have `fileno()` and a path `name`."""
+    name = getattr(f, "name", None)
+    if not hasattr(f, "fileno") or not isinstance(name, (str, os.PathLike)):
+        raise SafetensorValueError(
+            f"_safe_open_handle needs an open local file with a fileno() and a path name, got "
+            f"{type(f).__name__}")
+    return safe_open(os.fspath(name), framework=framework, device=device, backend=backend)

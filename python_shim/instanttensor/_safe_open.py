@@ -2,67 +2,23 @@
 
 from __future__ import annotations
 
-import errno
-import os
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import torch
 
-from ._device import DeviceLike, free_memory_share, resolve_target, to_device
+from ._destinations import LoadIntoResult, destination_lists
+from ._device import DeviceLike, free_memory_share
 from ._dtypes import torch_dtype
-from ._backends import backend_argument
-from ._errors import (SafetensorFileNotFoundError, SafetensorTypeError, SafetensorValueError,
-                      engine_errors, translate_error)
+from ._engine_reports import engine_stats, timeline_events
+from ._errors import SafetensorValueError, engine_errors, translate_error
 from ._frameworks import as_framework, framework_of
+from ._open_arguments import engine_arguments, file_list, open_target, refuse_missing_files
 from ._selection import Selection
 from ._paths import PathLike
 
 if TYPE_CHECKING:  # imported by get_slice on first use: `import instanttensor` stays cheap
     from ._slicing import SafeSlice
-
-
-
-def _paths(filename: PathLike | Sequence[PathLike]) -> list[str]:
-    if isinstance(filename, (str, os.PathLike)):
-        return [os.fspath(filename)]
-    paths = [os.fspath(f) for f in filename]
-    if not paths:
-        raise SafetensorValueError("safe_open needs at least one file")
-    return paths
-
-
-def _optional_int(name: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SafetensorValueError(f"{name}={value!r} must be a positive integer")
-    if value <= 0:
-        raise SafetensorValueError(f"{name}={value} must be a positive integer")
-    return value
-
-
-def _boxed_group(process_group: Any) -> Any:
-    """The group as the engine takes it (a c10d ProcessGroup script object), or None for a
-    single process."""
-    if process_group is None:
-        return None
-    import torch.distributed as dist
-
-    if dist.get_world_size(process_group) <= 1:
-        return None
-    return process_group.boxed()
-
-
-# Device types the reference accepts by name that torch parses only with their extension loaded.
-_EXTENSION_DEVICES = ("npu", "mlu", "musa")
-
-
-class LoadIntoResult(NamedTuple):
-    """What load_into(strict=False) left unfilled, as Module.load_state_dict reports it."""
-
-    missing_keys: list[str]  # destinations with no tensor of that name in the checkpoint
-    unexpected_keys: list[str]  # tensors of the checkpoint with no destination
 
 
 class safe_open:  # noqa: N801 - the name both peer APIs use
@@ -126,63 +82,22 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         self._framework = framework_of(framework)
         free_memory_share(max_free_mem_usage)  # validated for every target, before any I/O
         self._selection = Selection(keys, tensor_filter, tensor_name_match_mode)  # before I/O
-        self._files = _paths(filename)  # a new list: the caller's is never sorted in place
-        try:
-            target = to_device(device)
-        except ValueError as error:
-            # Devices the reference names though torch knows them only once their extension is
-            # loaded (npu, mlu, musa): as absent accelerators, they fail at the first tensor.
-            if not (isinstance(device, str) and device.split(":")[0] in _EXTENSION_DEVICES):
-                raise
-            target, unknown_device = torch.device("cpu"), error
-        else:
-            unknown_device = None
-        if self._framework == "np" and (target.type != "cpu" or unknown_device):
-            raise SafetensorValueError(f"Device {device} is not supported for framework "
-                                       f"{framework}: numpy arrays live on the CPU")
-        # device="meta": shapes only, nothing read. An accelerator this torch cannot reach opens
-        # (names, metadata and slices' shapes work) and raises when a tensor is asked, as the
-        # reference's lazy device does.
-        self._meta = target.type == "meta"
-        self._device_error: ValueError | None = unknown_device
-        if self._meta or unknown_device:
-            self._device = torch.device("cpu")
-        else:
-            try:
-                self._device = resolve_target(target, device)
-            except ValueError as error:
-                self._device, self._device_error = torch.device("cpu"), error
+        self._files = file_list(filename)
+        target = open_target(device, self._framework)
+        self._device, self._meta, self._device_error = target
         self.copy: bool = bool(copy)
         self.load_now = load_now
-        # The engine's arguments but the selection, which may read the headers: at open.
-        self._open_arguments = dict(
-            copy=bool(copy),
-            buffer_size=_optional_int("buffer_size", buffer_size),
-            chunk_size=_optional_int("chunk_size", chunk_size),
-            concurrency=_optional_int("concurrency", concurrency),
-            io_depth=_optional_int("io_depth", io_depth),
-            backend=backend_argument(backend),
-            process_group=_boxed_group(process_group),
-            staging_size=_optional_int("staging_size", staging_size),
-            max_free_mem_usage=None if max_free_mem_usage is None else float(max_free_mem_usage),
-            host_fallback=bool(host_fallback),
-            force_staging=bool(_force_staging),
-            exchange=None if exchange is None else str(exchange),
-        )
+        self._open_arguments = engine_arguments(
+            copy=copy, buffer_size=buffer_size, chunk_size=chunk_size, concurrency=concurrency,
+            io_depth=io_depth, backend=backend, process_group=process_group,
+            staging_size=staging_size, max_free_mem_usage=max_free_mem_usage,
+            host_fallback=host_fallback, force_staging=_force_staging, exchange=exchange)
         if load_now:
             self._open(stacklevel=3)
         # load_now=False (upstream): files are opened and validated at __enter__ or first use.
 
     def _open(self, stacklevel: int = 2) -> None:
-        for path in self._files:  # the reference's words, which callers match
-            try:
-                os.lstat(path)
-            except FileNotFoundError:
-                missing = SafetensorFileNotFoundError(f"No such file or directory: {path}")
-                missing.errno = errno.ENOENT
-                raise missing from None
-            except OSError:
-                pass  # not allowed to look (EACCES, ...): the engine's open names it
+        refuse_missing_files(self._files)
         keys = self._selection.keys_of(self._files)
         with engine_errors():
             handle = torch.classes.instanttensor.Loader(self._files, self._device, keys=keys,
@@ -346,16 +261,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         one side only, unless strict=False, which fills what both sides have and returns the rest
         as (missing_keys, unexpected_keys), like `Module.load_state_dict`.
         """
-        if not isinstance(destinations, Mapping):
-            raise SafetensorTypeError("destinations must be a mapping of name -> Tensor "
-                            f"(a state_dict), not {type(destinations).__name__}")
-        names, tensors = [], []
-        for name, tensor in destinations.items():
-            if not isinstance(tensor, torch.Tensor):
-                raise SafetensorTypeError(f"destination {name!r} is a {type(tensor).__name__}, "
-                                "not a torch.Tensor")
-            names.append(name)
-            tensors.append(tensor.detach())
+        names, tensors = destination_lists(destinations)
         with engine_errors():
             missing, unexpected = self._engine().load_into(names, tensors, bool(strict))
         return LoadIntoResult(list(missing), list(unexpected))
@@ -368,25 +274,17 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         """Counters since open: bytes_read, read_requests, materializations, timings, backend,
         exchange (whether a process group exchanged bytes, and why), staging (the staging ring's
         memory: "pinned"; "pinned, smaller (...)" or "pageable (pinning refused: ...)" where the
-        platform refused to pin it all). After close() still answers with the final counts."""
-        engine = self._engine_or_final()
+        platform refused to pin it all), advice_refused (memory advice the kernel refused: the
+        load went on). After close() still answers with the final counts."""
         with engine_errors():
-            counters: dict[str, Any] = {
-                k: (int(v) if float(v).is_integer() and not k.endswith("seconds") else v)
-                for k, v in engine.stats().items()
-            }
-            counters["backend"] = engine.backend()
-            counters["exchange"] = engine.exchange()
-            counters["staging"] = engine.staging()
-        return counters
+            return engine_stats(self._engine_or_final())
 
     def timeline(self) -> list[dict[str, Any]]:
         """What the loader's stages did when (reads, staging slices, copies, waits), recorded
         when INSTANTTENSOR_TIMELINE=1 was set at open (else empty): dicts of kind, start, end
         (time.monotonic seconds), bytes, tag. benchmarks/device_pipeline.py --timeline plots it."""
         with engine_errors():
-            return [{"kind": k, "start": s, "end": e, "bytes": b, "tag": t}
-                    for k, s, e, b, t in self._engine_or_final().timeline()]
+            return timeline_events(self._engine_or_final())
 
     def _engine_or_final(self) -> Any:
         """The engine; after close() of an opened handle, the closed one (its final figures)."""
@@ -399,15 +297,3 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
                 handle.close()
             except Exception:  # noqa: BLE001 - nothing to report to from a finalizer
                 pass
-
-
-def _safe_open_handle(f: Any, framework: str, device: DeviceLike = "cpu", *,
-                      backend: Any = None) -> safe_open:
-    """safetensors' `_safe_open_handle`: a safe_open over the file behind an open file object
-    (a built-in file, an fsspec local file, ...), which must have `fileno()` and a path `name`."""
-    name = getattr(f, "name", None)
-    if not hasattr(f, "fileno") or not isinstance(name, (str, os.PathLike)):
-        raise SafetensorValueError(
-            f"_safe_open_handle needs an open local file with a fileno() and a path name, got "
-            f"{type(f).__name__}")
-    return safe_open(os.fspath(name), framework=framework, device=device, backend=backend)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 namespace instanttensor::testing {
@@ -17,6 +18,14 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Whether a test that finds no file lease must fail rather than skip: CI runs as root on a local
+// filesystem, where leases are granted (INSTANTTENSOR_REQUIRE_LEASES=1 in scripts/test.sh), so
+// there a missing lease is a bug, not the platform.
+inline bool leases_required() {
+  const char* v = std::getenv("INSTANTTENSOR_REQUIRE_LEASES");
+  return v != nullptr && std::string(v) == "1";
+}
 
 // The 8-byte little-endian length prefix.
 std::string le64(uint64_t value);

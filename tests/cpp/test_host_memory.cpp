@@ -1,12 +1,16 @@
-// Host memory of owned tensors: blocks given back by dropped tensors and reused for new ones.
+// Host memory of owned tensors: blocks given back by dropped tensors and reused for new ones; the
+// memory advice given to it, checked.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstring>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "io/memory_advice.h"
 #include "pool/host_buffer.h"
 #include "pool/recycled_blocks.h"
 
@@ -22,6 +26,35 @@ uintptr_t block_of(const c10::DataPtr& data, uint64_t prefix) {
 bool is_mapped(void* address, uint64_t length) {
   std::vector<unsigned char> pages((length + 4095) / 4096);
   return ::mincore(address, length, pages.data()) == 0;  // ENOMEM: not mapped
+}
+
+// Every madvise result is checked: advice the kernel takes costs nothing more; advice it refuses
+// (here a real refusal: MADV_DONTNEED of locked pages is EINVAL) is counted and the first one
+// described, and the memory is left as it was.
+TEST(MemoryAdvice, ARefusalIsCountedAndDescribedAndLeavesTheMemoryAsItWas) {
+  const uint64_t length = 4 * 4096;
+  auto* memory = static_cast<uint8_t*>(
+      ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(memory, MAP_FAILED);
+  std::memset(memory, 0x5a, length);
+  const uint64_t before = io::advice_refusals();
+  EXPECT_TRUE(io::advise(memory, length, MADV_NORMAL, "a test's pages"));
+  EXPECT_EQ(io::advice_refusals(), before);
+  ASSERT_EQ(::mlock(memory, length), 0) << std::strerror(errno);
+  EXPECT_FALSE(io::advise(memory, length, MADV_DONTNEED, "a test's locked pages"));
+  EXPECT_EQ(io::advice_refusals(), before + 1);
+  EXPECT_EQ(memory[length - 1], 0x5a);  // not given back: the bytes are still there
+  const std::string first = io::first_advice_refusal();
+  if (before == 0) {
+    EXPECT_EQ(first, "MADV_DONTNEED of 16384 bytes (a test's locked pages): Invalid argument");
+  } else {
+    EXPECT_FALSE(first.empty());  // an earlier refusal in this process is the one described
+  }
+  // An unaligned start is refused like any other advice: counted, never thrown.
+  EXPECT_FALSE(io::advise(memory + 1, 4096, MADV_NORMAL, "a test's unaligned range"));
+  EXPECT_EQ(io::advice_refusals(), before + 2);
+  ::munlock(memory, length);
+  ::munmap(memory, length);
 }
 
 // Large blocks are mappings of their own (not malloc's heap, whose changes wait for the page

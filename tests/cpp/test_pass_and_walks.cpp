@@ -213,6 +213,7 @@ TEST(LeasedViews, FindsTheViewsMeetingARangeAndForgetsTheDeadOnes) {
   auto lease = io::FileLease::take(fd);
   if (!lease) {
     ::close(fd);
+    if (testing::leases_required()) FAIL() << "no lease on " << path << " where one is required";
     GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
   }
   auto* map =
@@ -299,6 +300,8 @@ TEST(ViewPass, AViewKeptPastItsStepStaysAViewUnderALeaseUntilAWriterComes) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     const bool leases = io::FileLease::take(fd) != nullptr;
     ::close(fd);
+    if (!leases && testing::leases_required())
+      FAIL() << "no lease on " << path << " where one is required";
     if (!leases) GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
   }
   // Its tensors are small: leased all the same (by default they would be copied out).

@@ -480,6 +480,7 @@ TEST(FileLease, AWriterWaitsUntilTheProtectedPagesAreCopies) {
   auto lease = io::FileLease::take(fd);
   if (!lease) {
     ::close(fd);
+    if (testing::leases_required()) FAIL() << "no lease on " << path << " where one is required";
     GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
   }
   auto* map = static_cast<uint8_t*>(

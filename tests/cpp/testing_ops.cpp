@@ -35,12 +35,22 @@ void release_held_reads() { instanttensor::io::release_held_reads(); }
 
 void disarm_faults() { instanttensor::io::disarm_faults(); }
 
+// Every madvise of `advice` (-1: any) from now on is refused with `error` (an errno; 22 is
+// EINVAL, a kernel without the advice).
+void arm_advice_refusal(int64_t advice, int64_t error) {
+  instanttensor::io::FaultPlan plan;
+  plan.refuse_advice = static_cast<int>(advice);
+  plan.refuse_errno = static_cast<int>(error);
+  instanttensor::io::arm_faults(plan);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(instanttensor_testing, m) {
   m.def("arm_read_fault(int nth, int error) -> ()", &arm_read_fault);
   m.def("arm_read_delay(int ms) -> ()", &arm_read_delay);
   m.def("disarm_faults() -> ()", &disarm_faults);
+  m.def("arm_advice_refusal(int advice, int error) -> ()", &arm_advice_refusal);
   m.def("hold_reads() -> ()", &hold_reads);
   m.def("wait_for_held_read() -> ()", &wait_for_held_read);
   m.def("release_held_reads() -> ()", &release_held_reads);

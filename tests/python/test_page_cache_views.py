@@ -19,6 +19,7 @@ from safetensors.torch import save_file as reference_save
 
 import instanttensor
 from conftest import same_bytes
+from test_distributed import fault_library
 from test_fork import in_child
 
 COPIES = [True, False]  # a borrowed view too is copied out if held when the iteration moves on
@@ -681,3 +682,35 @@ def test_an_explicit_read_backend_keeps_the_read_path(checkpoint):
         assert f.stats()["backend"] == "pread"
         got = dict(f.tensors())
     assert all(same_bytes(got[n], tensors[n]) for n in tensors)
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_advice_the_kernel_refuses_is_counted_and_loses_nothing(tmp_path, monkeypatch, copy):
+    # A checkpoint larger than memory is read once (MADV_SEQUENTIAL, MADV_HUGEPAGE) and unmapped
+    # behind the consumer (MADV_DONTNEED); a kernel may refuse any of it (no THP, locked pages).
+    # Every result is checked: refused, the load goes on with every byte right, a kept view
+    # stays right, and stats() counts the refusals (none when the kernel takes the advice).
+    torch.ops.load_library(fault_library())
+    faults = torch.ops.instanttensor_testing
+    tensors = {f"w{i:02d}": torch.full((1 << 20,), float(i)) for i in range(4)}  # 16 MiB
+    path = str(tmp_path / "big.safetensors")
+    reference_save(tensors, path)
+    monkeypatch.setenv("INSTANTTENSOR_TESTING_MEMORY_BYTES", str(12 << 20))
+    for refused in (False, True):
+        if refused:
+            faults.arm_advice_refusal(-1, 22)  # every advice: EINVAL
+        try:
+            kept = None
+            with instanttensor.safe_open(path, copy=copy) as f:
+                for name, tensor in f.tensors():
+                    assert same_bytes(tensor, tensors[name]), name
+                    kept = tensor if kept is None else kept
+                stats = f.stats()
+        finally:
+            faults.disarm_faults()
+        assert "read once: MADV_SEQUENTIAL" in stats["backend"], stats["backend"]
+        assert same_bytes(kept, tensors["w00"])
+        if refused:
+            assert stats["advice_refused"] >= 2, stats  # SEQUENTIAL and HUGEPAGE at least
+        else:
+            assert stats["advice_refused"] == 0, stats

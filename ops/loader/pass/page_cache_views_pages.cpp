@@ -12,6 +12,7 @@
 
 #include "instanttensor/error.h"
 #include "io/direct_io.h"
+#include "io/memory_advice.h"
 #include "io/untouched_pages.h"
 #include "loader/pass/page_cache_views.h"
 #include "loader/transfer/storage_views.h"
@@ -50,7 +51,9 @@ void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end,
   }
   auto unmap = [&](uint64_t from, uint64_t to) {
     if (to <= from) return;
-    ::madvise(mapping_->data(file) + from, to - from, MADV_DONTNEED);
+    // Refused, the pages stay mapped (resident) until the mapping goes at close: counted.
+    (void)io::advise(mapping_->data(file) + from, to - from, MADV_DONTNEED,
+                     "unmapping page cache views behind the consumer");
     // Advice as well: pages another process maps, or one it is reading, stay.
     if (fd >= 0)
       ::posix_fadvise(fd, static_cast<off_t>(from), static_cast<off_t>(to - from),
@@ -75,8 +78,8 @@ void PageCacheViews::advise_read_once() noexcept {
   // kernel's map (vm.max_map_count), so views leased earlier are advised with the rest.
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
     uint8_t* start = mapping_->data(file);
-    ::madvise(start, mapping_->size(file), MADV_SEQUENTIAL);
-    ::madvise(start, mapping_->size(file), MADV_HUGEPAGE);
+    (void)io::advise(start, mapping_->size(file), MADV_SEQUENTIAL, "a file read once");
+    (void)io::advise(start, mapping_->size(file), MADV_HUGEPAGE, "a file read once");
   }
 }
 
@@ -92,7 +95,7 @@ void PageCacheViews::advise_kept() noexcept {
   // The leased views are the consumer's weights now: the default recency, whole mappings (a
   // range per view would split each mapping into one area per view). MADV_HUGEPAGE stays.
   for (size_t file = 0; file < dropped_up_to_.size(); ++file) {
-    ::madvise(mapping_->data(file), mapping_->size(file), MADV_NORMAL);
+    (void)io::advise(mapping_->data(file), mapping_->size(file), MADV_NORMAL, "leased views");
   }
 }
 

@@ -22,6 +22,21 @@ void Pass::fail(Error error) {
   throw *state_.error;
 }
 
+void Pass::unbegin() noexcept {
+  drain();
+  state_.started = false;
+  state_.error.reset();
+}
+
+void Pass::refuse_after_fork(Error refusal) {
+  if (state_.started && !state_.error) state_.error.emplace(std::move(refusal));
+}
+
+void Pass::forget_items() noexcept {
+  state_.items.clear();
+  state_.groups.clear();
+}
+
 Error Pass::failure_of(const std::exception& e, size_t item) const {
   const auto& t = plan_.tensor_of_item(item);
   // A device out-of-memory error keeps its kind, so every rank raises torch's

@@ -32,7 +32,8 @@ class Pass {
   Pass(const Pass&) = delete;
   Pass& operator=(const Pass&) = delete;
 
-  PassState& state() { return state_; }
+  // The pass's own state: the walks and the loader read it; only the pass writes it (through the
+  // steps below).
   const PassState& state() const { return state_; }
   const PassPlan& plan() const { return plan_; }
 
@@ -55,6 +56,15 @@ class Pass {
   virtual void drain() noexcept {}
   // Fails the pass with `error`: in-flight work finished, every later step says why.
   [[noreturn]] void fail(Error error);
+  // Ranks in step: what the last pass left in flight is finished and the pass is not begun, so
+  // that the next step begins it (where a failure travels with the first status round).
+  void unbegin() noexcept;
+  // In a forked child: a pass in progress at the fork cannot go on; every later step throws
+  // `refusal`. A pass not begun, or already failed, is left as it is.
+  void refuse_after_fork(Error refusal);
+  // At close, after the reads stopped and the pass's memory was released: the per-group and
+  // per-item state goes (a closed loader holds no tensor of the pass).
+  void forget_items() noexcept;
 
   // Whether tensors are handed out from a borrow ring (a forked child cannot go on with it).
   virtual bool borrows_ring() const { return false; }

@@ -58,7 +58,6 @@ struct GroupState {
   bool verified = false;       // landed, and its file was unchanged after the reads
   size_t units_submitted = 0;  // units whose share (of this rank) was submitted
   size_t units_landed = 0;     // units whose share is in `dest`
-  size_t units_exchanged = 0;  // distributed: units through their status round and gather
   CopyFence landed_fence;      // device: after the last copy into `dest`
 };
 
@@ -68,6 +67,7 @@ struct ItemState {
   c10::StorageImpl* borrowed = nullptr;        // held by its ring region
 };
 
+// Written by the pass alone (Pass's steps); the walks and the loader read it.
 struct PassState {
   uint64_t id = 0;  // regions of rings remember the pass that placed them
   bool started = false;
@@ -77,7 +77,6 @@ struct PassState {
   size_t next_group = 0;     // next group to place and submit
   size_t next_item = 0;      // next item to hand out
   uint64_t ahead_bytes = 0;  // owned destinations allocated and not yet handed out
-  size_t rounds_done = 0;    // in step without an exchange: status rounds made (StepRounds)
 
   // A new pass over `plan`: every group unplaced, nothing handed out.
   void begin(const plan::ReadPlan& plan) {
@@ -88,7 +87,6 @@ struct PassState {
     items.assign(plan.items.size(), ItemState{});
     next_group = next_item = 0;
     ahead_bytes = 0;
-    rounds_done = 0;
   }
 };
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "io/direct_io.h"
+#include "io/memory_advice.h"
 #include "loader/transfer/storage_views.h"
 #include "pool/host_buffer.h"
 
@@ -235,8 +236,12 @@ void BorrowRing::hand_over_retained() {
   auto base = reinterpret_cast<uintptr_t>(owner->get());
   uintptr_t free_from = (base + page - 1) / page * page;
   auto give_back_until = [&](uintptr_t end) {
-    if (end > free_from)
-      ::madvise(reinterpret_cast<void*>(free_from), end - free_from, MADV_DONTNEED);
+    // Refused (locked memory: pinned staging), the pages stay until the last retained tensor
+    // goes: counted, the tensors are right either way.
+    if (end > free_from) {
+      (void)io::advise(reinterpret_cast<void*>(free_from), end - free_from, MADV_DONTNEED,
+                       "a borrow ring's pages no retained tensor uses");
+    }
   };
   for (c10::StorageImpl* storage : retained) {
     auto begin = reinterpret_cast<uintptr_t>(storage->data());

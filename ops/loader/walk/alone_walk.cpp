@@ -3,7 +3,7 @@
 namespace instanttensor::loader {
 
 std::optional<std::pair<std::string, at::Tensor>> AloneWalk::next() {
-  PassState& state = pass_.state();
+  const PassState& state = pass_.state();
   if (!state.started) pass_.begin();
   if (state.error) throw *state.error;
   if (state.next_item >= pass_.plan().reads.items.size()) {

@@ -5,6 +5,7 @@ namespace instanttensor::loader {
 void ExchangingWalk::begin() {
   exchange_->wait_gathers();
   exchange_->forget_deferred();
+  units_exchanged_.assign(reads_.plan().reads.groups.size(), 0);
   reads_.begin();
 }
 
@@ -19,7 +20,8 @@ std::optional<Error> ExchangingWalk::landing_failure(size_t g, size_t units) {
 
 void ExchangingWalk::exchange_group(size_t g, std::optional<Error> failure) {
   const PassPlan& plan = reads_.plan();
-  GroupState& state = reads_.state().groups[g];
+  const GroupState& state = reads_.state().groups[g];
+  size_t& exchanged = units_exchanged_[g];
   const plan::ReadGroup& group = plan.reads.groups[g];
   const std::string& file = plan.file_of(plan.first_tensor(g));
   auto deferred = exchange_->take_deferred();
@@ -33,22 +35,22 @@ void ExchangingWalk::exchange_group(size_t g, std::optional<Error> failure) {
     // status round alone, so a failure still reaches every rank.
     if (!failure) failure = landing_failure(g, SIZE_MAX);
     exchange_->status_round(failure, file, stats_);
-    state.units_exchanged = 1;
+    exchanged = 1;
     return;
   }
   uint64_t own = 0;
-  while (state.units_exchanged < units) {
-    const size_t u = state.units_exchanged;
+  while (exchanged < units) {
+    const size_t u = exchanged;
     if (!failure) failure = landing_failure(g, u + 1);  // this rank's share of unit u in place
     exchange_->status_round(failure, file, stats_);     // throws on every rank after a failure
     own += exchange_->gather_unit(g, u, plan, state, reads_.loader_stream());
-    state.units_exchanged += 1;
+    exchanged += 1;
   }
   stats_.bytes_received += group.length - own;
 }
 
 std::optional<std::pair<std::string, at::Tensor>> ExchangingWalk::next() {
-  PassState& state = reads_.state();
+  const PassState& state = reads_.state();
   const size_t items = reads_.plan().reads.items.size();
   if (state.error) throw *state.error;
   if (state.started && state.next_item >= items) {
@@ -73,7 +75,7 @@ std::optional<std::pair<std::string, at::Tensor>> ExchangingWalk::next() {
   size_t g = reads_.plan().reads.group_of[item];
   if (state.groups.empty()) {
     if (failure) throw *failure;
-  } else if (state.groups[g].units_exchanged == 0) {
+  } else if (units_exchanged_[g] == 0) {
     try {
       exchange_group(g, std::move(failure));
     } catch (const Error& e) {

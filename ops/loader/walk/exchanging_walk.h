@@ -5,6 +5,8 @@
 // together.
 #pragma once
 
+#include <vector>
+
 #include "loader/pass/read_pass.h"
 #include "loader/walk/ranks_walk.h"
 
@@ -27,6 +29,7 @@ class ExchangingWalk : public RanksWalk {
   std::optional<Error> landing_failure(size_t g, size_t units);
 
   ReadPass& reads_;
+  std::vector<size_t> units_exchanged_;  // per group: units through their round and gather
 };
 
 }  // namespace instanttensor::loader

@@ -3,23 +3,26 @@
 namespace instanttensor::loader {
 
 std::optional<std::pair<std::string, at::Tensor>> InStepWalk::next() {
-  PassState& state = pass_.state();
+  const PassState& state = pass_.state();
   const PassPlan& plan = pass_.plan();
   if (state.error) throw *state.error;
   std::optional<Error> failure;
   try {
-    if (!state.started) pass_.begin();
+    if (!state.started) {
+      rounds_done_ = 0;
+      pass_.begin();
+    }
   } catch (const Error& e) {
     failure = e;
   }
-  if (!failure && state.rounds_done >= rounds_.count()) return std::nullopt;
+  if (!failure && rounds_done_ >= rounds_.count()) return std::nullopt;
   const size_t item = state.next_item;
   const size_t items = plan.reads.items.size();
   if (!failure) failure = pass_.settle(item);
-  if (failure || rounds_.item_of(state.rounds_done) == item) {
+  if (failure || rounds_.item_of(rounds_done_) == item) {
     status_round(failure,
                  item < items ? plan.file_of(plan.tensor_of_item(item)) : plan.first_path());
-    state.rounds_done += 1;
+    rounds_done_ += 1;
   }
   if (item >= items) {
     pass_.end();

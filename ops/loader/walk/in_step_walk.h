@@ -18,6 +18,7 @@ class InStepWalk : public RanksWalk {
 
  private:
   StepRounds rounds_;
+  size_t rounds_done_ = 0;  // status rounds made in the current pass
 };
 
 }  // namespace instanttensor::loader

@@ -4,11 +4,7 @@
 
 namespace instanttensor::loader {
 
-void RanksWalk::restart() {
-  pass_.drain();
-  pass_.state().started = false;
-  pass_.state().error.reset();
-}
+void RanksWalk::restart() { pass_.unbegin(); }
 
 std::string RanksWalk::rank_label() const {
   if (!exchange_) return "";  // left behind in a forked child
