@@ -34,7 +34,7 @@ mkdir -p build-sanitize-host
 for sanitizer in address thread; do
   $CXX -std=c++17 -O1 -g -fsanitize=$sanitizer -D_GLIBCXX_USE_CXX11_ABI=$abi -Iops -Iinclude \
     -isystem "$torch_dir/include" tests/cpp/test_host_memory.cpp ops/pool/recycled_blocks.cpp \
-    ops/pool/host_buffer.cpp ops/format/error.cpp -L"$torch_dir/lib" -lc10 -ltorch_cpu \
+    ops/pool/host_buffer.cpp ops/io/memory_advice.cpp ops/io/fault_injection.cpp ops/format/error.cpp -L"$torch_dir/lib" -lc10 -ltorch_cpu \
     -lgtest -lgtest_main -lpthread -Wl,-rpath,"$torch_dir/lib" \
     -o build-sanitize-host/test_host_memory_$sanitizer
   TSAN_OPTIONS=halt_on_error=1 build-sanitize-host/test_host_memory_$sanitizer

@@ -28,6 +28,8 @@ const char* advice_name(int advice) {
       return "MADV_NORMAL";
     case MADV_WILLNEED:
       return "MADV_WILLNEED";
+    case MADV_REMOVE:
+      return "MADV_REMOVE";
     default:
       return "madvise";
   }
