@@ -3,7 +3,7 @@
 
     python benchmarks/bench.py [--size-gb 4] [--dir DIR | --checkpoint DIR] [--samples 3]
                                   [--modes cold,warm] [--json PATH]
-                                  [--ranks N [--copy] [--hosts H]]
+                                  [--ranks N [--copy] [--fresh] [--hosts H]]
                                   [--scenarios]
 
 Workload, identical for every contender: iterate all tensors and copy each into a preallocated
@@ -21,6 +21,7 @@ alone (process_group=None), N ranks with the exchange forced (exchange=always: t
 and safetensors at N ranks; interleaved, wall time of the slowest rank from a barrier, the share
 of the bytes each rank read, and what stats()["exchange"] said. --hosts H gives the ranks H
 test-only host identities (INSTANTTENSOR_TESTING_HOST_ID) to play H hosts of N/H ranks.
+--fresh makes each rank's destinations inside the timed window (torch.empty_like per tensor).
 """
 
 from __future__ import annotations
@@ -156,39 +157,51 @@ RANK_KINDS = {
 
 
 def _rank_worker(rank: int, world: int, store: str, copy: bool, kind: str,
-                 files: list[str]) -> dict:
+                 files: list[str], fresh: bool = False) -> dict:
     """One rank of a --ranks sample: loads the checkpoint (kind: RANK_KINDS) timed between
-    barriers of a gloo group, with the same copy-into-destination workload."""
+    barriers of a gloo group, with the same copy-into-destination workload: destinations made
+    and pre-faulted before the timer, or (fresh) each made by torch.empty_like inside it, as a
+    consumer that builds its model while loading does (their page faults are timed)."""
+    import torch
     import torch.distributed as dist
 
     from instanttensor import safe_open
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    dest = destinations(files)
+    dest = {} if fresh else destinations(files)
+
+    def copy_out(name, tensor):
+        if fresh:
+            dest[name] = torch.empty_like(tensor)
+        dest[name].copy_(tensor)
+
     group = dist.group.WORLD if world > 1 and kind in ("group", "exchange") else None
     dist.barrier()
     start = time.perf_counter()
-    stats = {"bytes_read": sum(t.nbytes for t in dest.values()), "exchange": "-"}
+    stats = {"bytes_read": None, "exchange": "-"}
     if kind == "safetensors":
         from safetensors import safe_open as reference_open
 
         for path in files:
             with reference_open(path, framework="pt") as f:
                 for name in f.keys():
-                    dest[name].copy_(f.get_tensor(name))
+                    copy_out(name, f.get_tensor(name))
     else:
         options = {"exchange": "always"} if kind == "exchange" else {}
         with safe_open(files, process_group=group, copy=copy, **options) as f:
             for name, tensor in f.tensors():
-                dest[name].copy_(tensor)
+                copy_out(name, tensor)
             stats = f.stats()
     seconds = time.perf_counter() - start
+    if stats["bytes_read"] is None:
+        stats["bytes_read"] = sum(t.nbytes for t in dest.values())
     dist.barrier()
     dist.destroy_process_group()
     return {"seconds": seconds, "bytes_read": stats["bytes_read"], "exchange": stats["exchange"]}
 
 
-def _sample_ranks(world: int, copy: bool, kind: str, hosts: int, files: list[str]) -> dict:
+def _sample_ranks(world: int, copy: bool, kind: str, hosts: int, files: list[str],
+                  fresh: bool = False) -> dict:
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
@@ -200,7 +213,7 @@ def _sample_ranks(world: int, copy: bool, kind: str, hosts: int, files: list[str
                 env["INSTANTTENSOR_TESTING_HOST_ID"] = f"host{rank * hosts // world}"
             procs.append(subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--rank-worker",
-                 f"{rank},{world},{store},{int(copy)},{kind}", "--files", *files],
+                 f"{rank},{world},{store},{int(copy)},{kind},{int(fresh)}", "--files", *files],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
         outputs = [p.communicate(timeout=900) for p in procs]
     if any(p.returncode != 0 for p in procs):
@@ -229,7 +242,7 @@ def run_ranks(args: argparse.Namespace) -> int:
         (f"{args.ranks} ranks: {RANK_KINDS[k]}", args.ranks, k)
         for k in ("group", "alone", "exchange", "safetensors")]
     results: dict = {"files": files, "bytes": total, "samples": args.samples, "copy": args.copy,
-                     "ranks": args.ranks, "hosts": args.hosts, "modes": {}}
+                     "fresh": args.fresh, "ranks": args.ranks, "hosts": args.hosts, "modes": {}}
     for mode in [m for m in args.modes.split(",") if m]:
         table = {label: {"samples": []} for label, _, _ in rows}
         for round_index in range(args.samples):
@@ -240,14 +253,15 @@ def run_ranks(args: argparse.Namespace) -> int:
                 evict(files) if mode == "cold" else warm_up(files)
                 print(f"\r[{mode} {round_index + 1}/{args.samples}] {label[:40]:40s}", end="",
                       flush=True)
-                sample = _sample_ranks(world, args.copy, kind, args.hosts, files)
+                sample = _sample_ranks(world, args.copy, kind, args.hosts, files, args.fresh)
                 if "error" in sample:
                     table[label]["error"] = sample["error"]
                 else:
                     table[label]["samples"].append(sample)
         print("\r" + " " * 60 + "\r", end="")
         hosts = f", {args.hosts} host identities" if args.hosts > 1 else ""
-        print(f"\n{mode}, copy={args.copy} ({total / 1e9:.2f} GB in {len(files)} files, "
+        fresh = ", fresh destinations" if args.fresh else ""
+        print(f"\n{mode}, copy={args.copy}{fresh} ({total / 1e9:.2f} GB in {len(files)} files, "
               f"median of {args.samples}, gloo on this machine{hosts}):")
         print(f"  {'load':50s} {'seconds':>7s} {'GB/s':>5s} {'x alone':>7s} {'x st':>5s}  "
               f"read per rank (share)  exchange")
@@ -464,6 +478,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare N ranks over gloo with one process instead of the peers")
     parser.add_argument("--copy", action="store_true", help="with --ranks: copy=True (default: "
                         "copy=False, borrowed views)")
+    parser.add_argument("--fresh", action="store_true", help="with --ranks: each destination "
+                        "made by torch.empty_like inside the timed window (its page faults timed)")
     parser.add_argument("--hosts", type=int, default=1, help="with --ranks: give the ranks this "
                         "many test-only host identities (equal blocks of ranks), to play hosts")
     parser.add_argument("--scenarios", action="store_true",
@@ -479,9 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.rank_worker:
-        rank, world, store, copy, kind = args.rank_worker.split(",")
+        rank, world, store, copy, kind, fresh = args.rank_worker.split(",")
         print(json.dumps(_rank_worker(int(rank), int(world), store, copy == "1", kind,
-                                      args.files)))
+                                      args.files, fresh == "1")))
         return 0
     if args.worker:
         before = _copy_sources if args.worker == "ceiling: memcpy" else None

@@ -1,5 +1,8 @@
 // load_file and save_file, compatible with safetensors.torch.
+#include "api/file_functions.h"
+
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <tuple>
 
@@ -7,6 +10,8 @@
 #include "format/torch_dtype.h"
 #include "format/writer.h"
 #include "instanttensor/instanttensor.h"
+#include "loader/options.h"
+#include "plan/host_policy.h"
 
 namespace instanttensor {
 
@@ -18,13 +23,34 @@ std::vector<std::string> tensor_names(std::vector<std::string> files) {
   return names;
 }
 
-std::map<std::string, at::Tensor> load_file(const std::string& file, c10::Device device) {
+std::vector<std::pair<std::string, at::Tensor>> load_file_in_storage_order(const std::string& file,
+                                                                           c10::Device device) {
   OpenOptions options;
   options.device = device;
   SafeOpen opened(file, options);
-  std::map<std::string, at::Tensor> tensors;
-  for (auto& [name, tensor] : opened) tensors.emplace(name, tensor);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  const auto names = opened.offset_keys();
+  plan::LoadFileInputs in;
+  in.selected_bytes = opened.total_tensor_size();
+  in.tensors = names.size();
+  in.host_target = device.is_cpu();
+  // The mmap backend first in the chain (given or from INSTANTTENSOR_BACKEND): random access
+  // would hand out views of the mapping. Where it then failed and another backend reads, the
+  // pass is taken all the same: slower for a small file, never a view that is not owned.
+  in.random_access_maps = loader::resolve_options(options).backends.front() == "mmap";
+  if (plan::choose_load_file_path(in) == plan::LoadFilePath::EachTensorRead) {
+    tensors.reserve(names.size());
+    for (const auto& name : names) tensors.emplace_back(name, opened.get_tensor(name));
+    return tensors;
+  }
+  for (auto& [name, tensor] : opened) tensors.emplace_back(name, tensor);
   return tensors;
+}
+
+std::map<std::string, at::Tensor> load_file(const std::string& file, c10::Device device) {
+  auto in_order = load_file_in_storage_order(file, device);
+  return std::map<std::string, at::Tensor>(std::make_move_iterator(in_order.begin()),
+                                           std::make_move_iterator(in_order.end()));
 }
 
 std::vector<std::pair<std::string, std::string>> tensors_sharing_memory(

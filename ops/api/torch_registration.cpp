@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "api/aoti_package_class.h"
+#include "api/file_functions.h"
 #include "api/loader_class.h"
 #include "api/serialization.h"
 #include "format/parsed_checkpoint.h"
@@ -29,6 +30,22 @@ std::vector<at::Tensor> load_tensors(std::vector<std::string> files, std::vector
   out.reserve(names.size());
   for (const auto& name : names) out.push_back(opened.get_tensor(name));
   return out;
+}
+
+// torch.ops.instanttensor.load_file: (names in storage order, owned tensors), the Python
+// load_file's one call into the engine for a host target.
+std::tuple<std::vector<std::string>, std::vector<at::Tensor>> load_file_op(std::string file,
+                                                                           c10::Device device) {
+  auto in_order = load_file_in_storage_order(file, device);
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;
+  names.reserve(in_order.size());
+  tensors.reserve(in_order.size());
+  for (auto& [name, tensor] : in_order) {
+    names.push_back(std::move(name));
+    tensors.push_back(std::move(tensor));
+  }
+  return {std::move(names), std::move(tensors)};
 }
 
 // torch.ops.instanttensor.load_into_: fills destinations[i] in place with the tensor names[i]
@@ -126,6 +143,8 @@ std::tuple<std::vector<std::string>, std::vector<std::string>> dtype_table_op() 
 
 TORCH_LIBRARY(instanttensor, m) {
   m.def("load_tensors(str[] files, str[] names, Device device) -> Tensor[]");
+  // Eager (no fake kernel: how many tensors it returns is the file's to say).
+  m.def("load_file(str file, Device device) -> (str[], Tensor[])", &load_file_op);
   m.def(
       "save_file(Tensor[] tensors, str[] names, str file, str[] metadata_keys, "
       "str[] metadata_values, bool has_metadata) -> ()");

@@ -56,4 +56,21 @@ struct ReadThreadInputs {
 // Any thread; pure.
 int choose_read_threads(const ReadThreadInputs& in);
 
+// How load_file goes through one file it has opened: each tensor read into memory of its own on
+// the caller's thread (random access: no pass, no view kept to make owned or lease at the end,
+// so nothing of the file stays open or mapped afterwards), or one pass of the loader (on the
+// host, views of the page cache: the bytes never copied).
+enum class LoadFilePath { EachTensorRead, OnePass };
+
+struct LoadFileInputs {
+  uint64_t selected_bytes = 0;  // the file's tensor bytes
+  uint64_t tensors = 0;         // how many tensors it has
+  bool host_target = true;      // the tensors go to the CPU
+  // Random access hands out views of the file mapping (the mmap backend): not owned memory.
+  bool random_access_maps = false;
+};
+
+// Any thread; pure. The thresholds and the figures behind them: host_policy.cpp.
+LoadFilePath choose_load_file_path(const LoadFileInputs& in);
+
 }  // namespace instanttensor::plan

@@ -11,15 +11,40 @@ from ._device import DeviceLike
 from ._errors import (SafetensorNotImplementedError, SafetensorRuntimeError, SafetensorTypeError,
                       SafetensorValueError, engine_errors)
 from ._destinations import LoadIntoResult
-from ._safe_open import safe_open
+from ._open_arguments import refuse_missing_files
 from ._paths import PathLike
+from ._safe_open import safe_open
 
+_CPU = torch.device("cpu")
+# Files up to this size load in one operator call (it returns in well under a second).
+_ONE_CALL_BYTES = 1 << 20
+
+
+def _file_size(path: str) -> int:
+    """The file's size, or one past the limit where it cannot be read (the engine's open then
+    raises the reference's error for it)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return _ONE_CALL_BYTES + 1
 
 
 def load_file(filename: PathLike, device: DeviceLike = "cpu", *,
               backend: Any = None) -> dict[str, torch.Tensor]:
     """Every tensor of `filename` as an owned tensor on `device`, in storage order
     (safetensors.torch.load_file; `backend` as safe_open's, e.g. "mmap" or "pread")."""
+    if backend is None and (device == "cpu" or device == _CPU) and isinstance(
+            filename, (str, os.PathLike)):
+        path = os.fspath(filename)
+        refuse_missing_files([path])
+        if _file_size(path) <= _ONE_CALL_BYTES:
+            # A small file in one call into the engine: no safe_open object, and its tensors
+            # read one by one rather than through a pass (plan::choose_load_file_path), whose
+            # fixed cost is most of a small file's load. Larger files iterate here, so Ctrl-C
+            # is taken between tensors.
+            with engine_errors():
+                names, tensors = torch.ops.instanttensor.load_file(path, _CPU)
+            return dict(zip(names, tensors))
     with safe_open(filename, framework="pt", device=device, backend=backend) as f:
         return f._all_tensors()
 

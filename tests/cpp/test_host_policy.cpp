@@ -98,5 +98,34 @@ TEST(ReadThreads, EveryCaseOfTheTable) {
   }
 }
 
+TEST(LoadFilePath, SmallHostFilesOfFewTensorsAreReadAndTheRestTakeOnePass) {
+  const auto read = LoadFilePath::EachTensorRead;
+  const auto pass = LoadFilePath::OnePass;
+  struct PathRow {
+    const char* what;
+    uint64_t bytes, tensors;
+    bool host, maps;
+    LoadFilePath path;
+  };
+  const PathRow rows[] = {
+      {"no tensors on the host: read (nothing to read)", 0, 0, true, false, read},
+      {"64 KiB in 4 tensors on the host: read", 64 * 1024, 4, true, false, read},
+      {"1 MiB in 32 tensors on the host: read", MiB, 32, true, false, read},
+      {"a byte over 1 MiB on the host: a pass", MiB + 1, 4, true, false, pass},
+      {"33 tensors on the host: a pass", 64 * 1024, 33, true, false, pass},
+      {"1 GiB on the host: a pass", GiB, 4, true, false, pass},
+      {"64 KiB to a device: its staged pass", 64 * 1024, 4, false, false, pass},
+      {"64 KiB under mmap (random access maps): a pass", 64 * 1024, 4, true, true, pass},
+  };
+  for (const auto& row : rows) {
+    LoadFileInputs in;
+    in.selected_bytes = row.bytes;
+    in.tensors = row.tensors;
+    in.host_target = row.host;
+    in.random_access_maps = row.maps;
+    EXPECT_EQ(choose_load_file_path(in), row.path) << row.what;
+  }
+}
+
 }  // namespace
 }  // namespace instanttensor::plan

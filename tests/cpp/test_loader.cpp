@@ -541,6 +541,15 @@ TEST(Files, LoadFileAndSaveFileRoundTrip) {
   ASSERT_EQ(loaded.size(), tensors.size());
   for (auto& [name, t] : tensors) EXPECT_TRUE(same_bytes(loaded[name], t)) << name;
 
+  // Over 1 MiB the file takes the loader's pass rather than a read per tensor: the same bytes,
+  // owned (plan::choose_load_file_path).
+  std::map<std::string, at::Tensor> large = {{"p", at::randn({1 << 18})}, {"q", at::randn({7})}};
+  save_file(large, dir.file("large.safetensors"));
+  auto loaded_large = load_file(dir.file("large.safetensors"));
+  ASSERT_EQ(loaded_large.size(), 2u);
+  for (auto& [name, t] : large) EXPECT_TRUE(same_bytes(loaded_large[name], t)) << name;
+  EXPECT_THROW(load_file(dir.file("absent.safetensors")), Error);
+
   at::Tensor base = at::randn({4, 4});
   EXPECT_THROW(save_file({{"t", base.t()}}, dir.file("y.safetensors")), Error);
   EXPECT_THROW(save_file({{"p", base[0]}, {"q", base}}, dir.file("y.safetensors")), Error);

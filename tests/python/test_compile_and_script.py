@@ -100,6 +100,24 @@ def test_real_kernel_rechecks_a_changed_file(model_files):
         compiled()
 
 
+@torch.jit.script
+def scripted_load_file(file: str) -> List[str]:
+    names, tensors = torch.ops.instanttensor.load_file(file, torch.device("cpu"))
+    return [name + ":" + str(tensor.numel()) for name, tensor in zip(names, tensors)]
+
+
+def test_load_file_op_from_torchscript_in_storage_order(model_files):
+    paths, tensors = model_files
+    names, loaded = torch.ops.instanttensor.load_file(paths[0], torch.device("cpu"))
+    with instanttensor.safe_open(paths[0]) as f:
+        assert names == f.offset_keys()
+    for name, tensor in zip(names, loaded):
+        assert same_bytes(tensor, tensors[name])
+    assert scripted_load_file(paths[0]) == [f"{n}:{tensors[n].numel()}" for n in names]
+    with pytest.raises(RuntimeError, match="nope.safetensors"):
+        torch.ops.instanttensor.load_file(paths[0] + ".nope.safetensors", torch.device("cpu"))
+
+
 def test_opcheck(model_files):
     paths, _ = model_files
     torch.library.opcheck(

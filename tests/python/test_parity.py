@@ -111,6 +111,56 @@ def test_load_file_matches_and_files_cross_read(tmp_path):
         assert a.read() == b.read(), "the writer should produce the reference layout byte for byte"
 
 
+def _held_by_this_process(path: str) -> list[str]:
+    """What of `path` this process still has: open descriptors and mappings."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == path:
+                held.append(f"fd {fd}")
+        except OSError:
+            pass  # the descriptor listdir itself used
+    with open("/proc/self/maps") as maps:
+        held += [line.strip() for line in maps if line.rstrip().endswith(path)]
+    return held
+
+
+@pytest.mark.parametrize("backend_env", [None, "mmap"])
+@pytest.mark.parametrize("tensor_bytes", [16 << 10, 1 << 20])  # files of 64 KiB and of 4 MiB
+def test_load_file_small_and_large_is_owned_in_storage_order(tmp_path, monkeypatch, tensor_bytes,
+                                                             backend_env):
+    # A file up to 1 MiB is read tensor by tensor, a larger one (or any under the mmap backend,
+    # whose random access maps the file) takes a pass (plan::choose_load_file_path): either way
+    # the names in storage order, the bytes, and tensors the caller owns: a rewrite of the file
+    # changes none of them, resize_ works; a file that was read leaves nothing open or mapped.
+    if backend_env:
+        monkeypatch.setenv("INSTANTTENSOR_BACKEND", backend_env)
+    torch.manual_seed(tensor_bytes % 97)
+    tensors = {"a_bytes": torch.randint(0, 255, (tensor_bytes,), dtype=torch.uint8),
+               "b_halves": torch.randn(tensor_bytes // 2).half(),
+               "c_doubles": torch.randn(tensor_bytes // 8).double(),
+               "d_floats": torch.randn(tensor_bytes // 4)}
+    path = str(tmp_path / "model.safetensors")
+    reference_save(tensors, path)
+    loaded = instanttensor.load_file(path)
+    with reference_open(path, framework="pt") as f:
+        assert list(loaded) == f.offset_keys() != sorted(tensors)
+    # Before any numpy export (same_bytes), which makes a storage fixed-size as torch's own.
+    grown = loaded["d_floats"].resize_(tensor_bytes // 2)  # its own storage, as torch's are
+    assert torch.equal(grown[:tensor_bytes // 4], tensors["d_floats"])
+    loaded["d_floats"] = grown[:tensor_bytes // 4]
+    if tensor_bytes * len(tensors) <= 1 << 20 and not backend_env:
+        assert _held_by_this_process(os.path.realpath(path)) == []
+    with open(path, "r+b") as rewrite:  # in place, then a new file under the name
+        rewrite.seek(-64, os.SEEK_END)
+        rewrite.write(b"\xff" * 64)
+    reference_save({name: tensor + 1 for name, tensor in tensors.items()}, path + ".new")
+    os.replace(path + ".new", path)
+    for name, tensor in tensors.items():
+        assert same_bytes(loaded[name], tensor), name
+    assert same_bytes(instanttensor.load_file(path)["d_floats"][:8], tensors["d_floats"][:8] + 1)
+
+
 def test_float4_packs_like_safetensors(tmp_path):
     packed = torch.randint(0, 256, (4, 3), dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
     path = str(tmp_path / "f4.safetensors")

@@ -43,7 +43,7 @@ c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTen
   auto window =
       recycled_->allocate_window(range.span, range.prefix, plan_.ring_alignment, "a tensor");
   auto* dest = static_cast<uint8_t*>(window.get()) - range.prefix;
-  auto storage = make_storage(std::move(window), nbytes);
+  auto storage = make_owned_storage(std::move(window), nbytes);
   reads_.submit(t.file_index, range, dest, read_tags::kRandomAccess);
   // Reads of the pass may complete in between; they stay booked for the pass.
   auto start = Clock::now();

@@ -58,7 +58,7 @@ at::Tensor TensorFactory::copy_of(const at::Tensor& tensor, const format::Indexe
   } else {
     fresh = stage_->copy_on_device(from, nbytes);
   }
-  return tensor_over(make_storage(std::move(fresh), nbytes), tensor.scalar_type(),
+  return tensor_over(make_owned_storage(std::move(fresh), nbytes), tensor.scalar_type(),
                      tensor.sizes().vec());
 }
 

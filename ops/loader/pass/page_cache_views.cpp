@@ -232,7 +232,7 @@ at::Tensor PageCacheViews::owned_tensor(size_t item, c10::DataPtr data) {
   stats_.read_requests += 1;
   stats_.bytes_read += t.nbytes;
   return factory_.aligned(
-      TensorFactory::over(make_storage(std::move(data), t.nbytes), factory_.spec(t)), t);
+      TensorFactory::over(make_owned_storage(std::move(data), t.nbytes), factory_.spec(t)), t);
 }
 
 void PageCacheViews::stop_tail() noexcept {

@@ -15,7 +15,7 @@ bool OwnedPlacement::place(size_t g, PassState& pass, bool force) {
                                : recycled_->allocate_window(state.range.span, state.range.prefix,
                                                             plan_.ring_alignment, "a tensor");
   state.dest = static_cast<uint8_t*>(memory.get());
-  pass.items[group.first_item].owned = make_storage(std::move(memory), group.length);
+  pass.items[group.first_item].owned = make_owned_storage(std::move(memory), group.length);
   pass.ahead_bytes += group.length;
   stats_.peak_pool_bytes = std::max(stats_.peak_pool_bytes, pass.ahead_bytes);
   state.placed = true;

@@ -1,5 +1,6 @@
 #include "loader/transfer/storage_views.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
 namespace instanttensor::loader {
@@ -8,6 +9,13 @@ c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nb
   return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
                                                static_cast<int64_t>(nbytes), std::move(data),
                                                /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+c10::intrusive_ptr<c10::StorageImpl> make_owned_storage(c10::DataPtr data, uint64_t nbytes) {
+  if (!data.device().is_cpu()) return make_storage(std::move(data), nbytes);
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+                                               static_cast<int64_t>(nbytes), std::move(data),
+                                               c10::GetCPUAllocator(), /*resizable=*/true);
 }
 
 c10::DataPtr data_kept_by(void* data, std::shared_ptr<const void> owner) {

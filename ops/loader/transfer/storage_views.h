@@ -14,6 +14,11 @@ namespace instanttensor::loader {
 // A non-resizable storage of `nbytes` over `data` (which it owns if the DataPtr does).
 c10::intrusive_ptr<c10::StorageImpl> make_storage(c10::DataPtr data, uint64_t nbytes);
 
+// A storage of `nbytes` over memory handed to the consumer as its own (`data` owns it): on the
+// CPU resizable through torch's CPU allocator, as a tensor torch made is, so resize_ works
+// (it moves the bytes into torch's memory and frees ours); elsewhere as make_storage.
+c10::intrusive_ptr<c10::StorageImpl> make_owned_storage(c10::DataPtr data, uint64_t nbytes);
+
 // A CPU DataPtr at `data`, memory that `owner` keeps alive (a file mapping, a ring block): the
 // DataPtr holds `owner` until it is dropped.
 c10::DataPtr data_kept_by(void* data, std::shared_ptr<const void> owner);
