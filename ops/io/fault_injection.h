@@ -23,7 +23,8 @@ struct FaultPlan {
   // it can act while a load is surely underway).
   bool hold_reads = false;
   // Every madvise of this advice (MADV_DONTNEED, ...; -1: any) is refused with refuse_errno
-  // instead of made (io/memory_advice.h); 0: never.
+  // instead of made (io/memory_advice.h); 0: never (so MADV_NORMAL, which is 0, is refused
+  // only with the rest, by -1).
   int refuse_advice = 0;
   int refuse_errno = 22;  // EINVAL, as a kernel without the advice answers
 };

@@ -36,14 +36,19 @@ const char* advice_name(int advice) {
 }
 
 void note_refusal(int advice, uint64_t length, const char* purpose, int error) noexcept {
-  if (refusals.fetch_add(1) != 0) return;
-  try {
-    std::lock_guard<std::mutex> lock(first_mutex);
-    first = std::string(advice_name(advice)) + " of " + std::to_string(length) + " bytes (" +
-            purpose + "): " + std::strerror(error);
-  } catch (...) {
-    // No memory for the words: the count alone says it.
+  // The words before the count, so that a count above zero always has its description.
+  if (refusals.load() == 0) {
+    try {
+      std::lock_guard<std::mutex> lock(first_mutex);
+      if (first.empty()) {
+        first = std::string(advice_name(advice)) + " of " + std::to_string(length) + " bytes (" +
+                purpose + "): " + std::strerror(error);
+      }
+    } catch (...) {
+      // No memory for the words: the count alone says it.
+    }
   }
+  refusals.fetch_add(1);
 }
 }  // namespace
 

@@ -1,4 +1,7 @@
-// Advice to the kernel about a range of memory (madvise), checked in one place. Advice is a
+// Advice to the kernel about a range of memory (madvise), checked in one place: every madvise
+// of the loader but the read-ahead's MADV_WILLNEED and MADV_POPULATE_READ, which are reads
+// (io/page_cache_read_ahead: a slice refused is left to the consumer's faults and not counted
+// as populated). Advice is a
 // hint: a kernel may lack it (EINVAL), refuse it for that memory (locked pages refuse
 // MADV_DONTNEED), or be short of memory for it (EAGAIN). A refusal never fails a load (the bytes
 // are right either way; only resident memory or speed differ), so it is counted for the whole

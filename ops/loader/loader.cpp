@@ -92,7 +92,8 @@ Stats Loader::stats() const {
   auto lock = mutex_.lock();
   Stats stats = stats_;
   stats.recycled_blocks = memory_->recycled()->reuses();
-  stats.advice_refused = io::advice_refusals() - advice_refusals_at_open_;
+  // Open: counted live; closed: as close() left it (later refusals are other loaders').
+  if (!closed_) stats.advice_refused = io::advice_refusals() - advice_refusals_at_open_;
   if (loader::DeviceStage* stage = memory_->stage()) {
     std::string staging = stage->staging().staging_memory();
     if (!staging.empty()) stats.staging = std::move(staging);
@@ -198,6 +199,7 @@ void Loader::close() {
   stats_.materializations += memory_->close_stage();
   stats_.materializations += pass_->release_memory();
   memory_->close_pool();
+  stats_.advice_refused = io::advice_refusals() - advice_refusals_at_open_;
   if (options_.debug) print_debug_line();
   plan_.checkpoint->close_files();
 }
@@ -210,8 +212,8 @@ void Loader::print_debug_line() const {
                " bytes in ", stats_.read_requests, " reads, wait ", stats_.wait_seconds,
                " s, read ", stats_.read_seconds, " s, materializations ", stats_.materializations,
                ", copy ", options_.copy ? "owned" : "borrowed", ", exchange: ", stats_.exchange);
-  if (io::advice_refusals() > advice_refusals_at_open_) {
-    line += c10::str(", advice refused ", io::advice_refusals() - advice_refusals_at_open_,
+  if (stats_.advice_refused > 0) {
+    line += c10::str(", advice refused ", stats_.advice_refused,
                      " times (first in this process: ", io::first_advice_refusal(), ")");
   }
   line += "\n";

@@ -120,7 +120,8 @@ class Loader {
   loader::PassPlan plan_;  // the checkpoint, the load mode and the plans, fixed at open
   std::unique_ptr<io::IoSetup> io_;
   Stats stats_;  // before reads_, which books into it until destroyed
-  // The process's madvise refusals when this loader opened (stats() counts those since).
+  // The process's madvise refusals when this loader opened (stats() counts those since, until
+  // close() fixes the count).
   const uint64_t advice_refusals_at_open_ = io::advice_refusals();
   std::vector<std::string> warnings_;
   std::unique_ptr<loader::ReadScheduler> reads_;

@@ -71,7 +71,7 @@ LoadFilePath choose_load_file_path(const LoadFileInputs& in) {
   // check that the file is unchanged, before and after) plus the copy of its bytes into fresh
   // memory. In-process, warm, a file of 4 tensors: pass 165/185/236/154/180 us against reads
   // 66/98/188/500/3519 us at 64 KiB/256 KiB/1 MiB/4 MiB/16 MiB in all; 16/64/256/1024 tensors
-  // of 1-4 KiB: reads 123/407/1695/5985 us, the pass (C++) ~190/~310/784/2885
+  // of 1-4 KiB: reads 123/407/1695/5985 us, the pass (C++) ~190/230/784/2885
   // (benchmarks/README.md). So files up to 1 MiB and 32 tensors are read. A device target
   // keeps its staged pass; under the mmap backend random access hands out views of the
   // mapping, which only the pass makes owned.

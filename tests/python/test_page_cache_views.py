@@ -714,3 +714,14 @@ def test_advice_the_kernel_refuses_is_counted_and_loses_nothing(tmp_path, monkey
             assert stats["advice_refused"] >= 2, stats  # SEQUENTIAL and HUGEPAGE at least
         else:
             assert stats["advice_refused"] == 0, stats
+        # Closed, its count stays what it was at close: another loader's refusals are not its.
+        at_close = f.stats()["advice_refused"]
+        faults.arm_advice_refusal(-1, 22)
+        try:
+            with instanttensor.safe_open(path, copy=copy) as other:
+                for _ in other.tensors():
+                    pass
+            assert other.stats()["advice_refused"] >= 2
+        finally:
+            faults.disarm_faults()
+        assert f.stats()["advice_refused"] == at_close

@@ -139,7 +139,7 @@ def test_load_file_small_and_large_is_owned_in_storage_order(tmp_path, monkeypat
     tensors = {"a_bytes": torch.randint(0, 255, (tensor_bytes,), dtype=torch.uint8),
                "b_halves": torch.randn(tensor_bytes // 2).half(),
                "c_doubles": torch.randn(tensor_bytes // 8).double(),
-               "d_floats": torch.randn(tensor_bytes // 4)}
+               "d_floats": torch.randn(tensor_bytes // 4), "e_empty": torch.empty(0, 3)}
     path = str(tmp_path / "model.safetensors")
     reference_save(tensors, path)
     loaded = instanttensor.load_file(path)
@@ -149,6 +149,7 @@ def test_load_file_small_and_large_is_owned_in_storage_order(tmp_path, monkeypat
     grown = loaded["d_floats"].resize_(tensor_bytes // 2)  # its own storage, as torch's are
     assert torch.equal(grown[:tensor_bytes // 4], tensors["d_floats"])
     loaded["d_floats"] = grown[:tensor_bytes // 4]
+    assert loaded.pop("e_empty").resize_(2, 3).shape == (2, 3)  # no bytes, still resizable
     if tensor_bytes * len(tensors) <= 1 << 20 and not backend_env:
         assert _held_by_this_process(os.path.realpath(path)) == []
     with open(path, "r+b") as rewrite:  # in place, then a new file under the name
@@ -156,8 +157,9 @@ def test_load_file_small_and_large_is_owned_in_storage_order(tmp_path, monkeypat
         rewrite.write(b"\xff" * 64)
     reference_save({name: tensor + 1 for name, tensor in tensors.items()}, path + ".new")
     os.replace(path + ".new", path)
-    for name, tensor in tensors.items():
-        assert same_bytes(loaded[name], tensor), name
+    for name, tensor in loaded.items():
+        assert same_bytes(tensor, tensors[name]), name
+        tensor.add_(1)  # writable, and its own
     assert same_bytes(instanttensor.load_file(path)["d_floats"][:8], tensors["d_floats"][:8] + 1)
 
 

@@ -20,7 +20,7 @@ at::Tensor TensorFactory::over(c10::intrusive_ptr<c10::StorageImpl> storage,
 }
 
 at::Tensor TensorFactory::empty(const format::IndexedTensor& t, c10::Device device) const {
-  return over(make_storage(c10::DataPtr(nullptr, device), 0), spec(t));
+  return over(make_owned_storage(c10::DataPtr(nullptr, device), 0), spec(t));
 }
 
 c10::intrusive_ptr<c10::StorageImpl> TensorFactory::mapped(

@@ -68,7 +68,7 @@ void PageCacheViews::unmap_unleased(size_t file, uint64_t begin, uint64_t end,
 
 void PageCacheViews::advise_read_once() noexcept {
   if (cache_use_ == CacheUse::Keep) return;
-  // Advice: a kernel that refuses it (EINVAL, ignored) leaves the default recency.
+  // Advice: a kernel that refuses it (EINVAL, counted: io::advise) leaves the default recency.
   // MADV_HUGEPAGE as well: the pages a populate or a fault reads come in 2 MiB folios
   // (filesystems with large folios: ext4 on 6.x, xfs; elsewhere faults read ahead 4 MiB of
   // 4 KiB pages), a fraction of the per-page work of allocating, inserting, mapping and dropping
