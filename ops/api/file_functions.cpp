@@ -2,7 +2,6 @@
 #include "api/file_functions.h"
 
 #include <algorithm>
-#include <iterator>
 #include <set>
 #include <tuple>
 
@@ -23,13 +22,14 @@ std::vector<std::string> tensor_names(std::vector<std::string> files) {
   return names;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> load_file_in_storage_order(const std::string& file,
-                                                                           c10::Device device) {
+std::tuple<std::vector<std::string>, std::vector<at::Tensor>> load_file_in_storage_order(
+    const std::string& file, c10::Device device) {
   OpenOptions options;
   options.device = device;
   SafeOpen opened(file, options);
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  const auto names = opened.offset_keys();
+  std::vector<std::string> names = opened.offset_keys();
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(names.size());
   plan::LoadFileInputs in;
   in.selected_bytes = opened.total_tensor_size();
   in.tensors = names.size();
@@ -39,18 +39,22 @@ std::vector<std::pair<std::string, at::Tensor>> load_file_in_storage_order(const
   // pass is taken all the same: slower for a small file, never a view that is not owned.
   in.random_access_maps = loader::resolve_options(options).backends.front() == "mmap";
   if (plan::choose_load_file_path(in) == plan::LoadFilePath::EachTensorRead) {
-    tensors.reserve(names.size());
-    for (const auto& name : names) tensors.emplace_back(name, opened.get_tensor(name));
-    return tensors;
+    for (const auto& name : names) tensors.push_back(opened.get_tensor(name));
+  } else {
+    names.clear();  // the names as the pass hands them out, never assumed in step
+    for (auto& [name, tensor] : opened) {
+      names.push_back(name);
+      tensors.push_back(tensor);
+    }
   }
-  for (auto& [name, tensor] : opened) tensors.emplace_back(name, tensor);
-  return tensors;
+  return {std::move(names), std::move(tensors)};
 }
 
 std::map<std::string, at::Tensor> load_file(const std::string& file, c10::Device device) {
-  auto in_order = load_file_in_storage_order(file, device);
-  return std::map<std::string, at::Tensor>(std::make_move_iterator(in_order.begin()),
-                                           std::make_move_iterator(in_order.end()));
+  auto [names, tensors] = load_file_in_storage_order(file, device);
+  std::map<std::string, at::Tensor> by_name;
+  for (size_t i = 0; i < names.size(); ++i) by_name.emplace(names[i], std::move(tensors[i]));
+  return by_name;
 }
 
 std::vector<std::pair<std::string, std::string>> tensors_sharing_memory(

@@ -36,16 +36,7 @@ std::vector<at::Tensor> load_tensors(std::vector<std::string> files, std::vector
 // load_file's one call into the engine for a host target.
 std::tuple<std::vector<std::string>, std::vector<at::Tensor>> load_file_op(std::string file,
                                                                            c10::Device device) {
-  auto in_order = load_file_in_storage_order(file, device);
-  std::vector<std::string> names;
-  std::vector<at::Tensor> tensors;
-  names.reserve(in_order.size());
-  tensors.reserve(in_order.size());
-  for (auto& [name, tensor] : in_order) {
-    names.push_back(std::move(name));
-    tensors.push_back(std::move(tensor));
-  }
-  return {std::move(names), std::move(tensors)};
+  return load_file_in_storage_order(file, device);
 }
 
 // torch.ops.instanttensor.load_into_: fills destinations[i] in place with the tensor names[i]

@@ -11,7 +11,6 @@ from ._device import DeviceLike
 from ._errors import (SafetensorNotImplementedError, SafetensorRuntimeError, SafetensorTypeError,
                       SafetensorValueError, engine_errors)
 from ._destinations import LoadIntoResult
-from ._open_arguments import refuse_missing_files
 from ._paths import PathLike
 from ._safe_open import safe_open
 
@@ -20,13 +19,13 @@ _CPU = torch.device("cpu")
 _ONE_CALL_BYTES = 1 << 20
 
 
-def _file_size(path: str) -> int:
-    """The file's size, or one past the limit where it cannot be read (the engine's open then
-    raises the reference's error for it)."""
+def _small_file(path: str) -> bool:
+    """Whether `path` is a file of at most _ONE_CALL_BYTES; False where it cannot be looked at
+    (safe_open then raises the reference's error for it: one stat either way)."""
     try:
-        return os.stat(path).st_size
+        return os.stat(path).st_size <= _ONE_CALL_BYTES
     except OSError:
-        return _ONE_CALL_BYTES + 1
+        return False
 
 
 def load_file(filename: PathLike, device: DeviceLike = "cpu", *,
@@ -36,8 +35,7 @@ def load_file(filename: PathLike, device: DeviceLike = "cpu", *,
     if backend is None and (device == "cpu" or device == _CPU) and isinstance(
             filename, (str, os.PathLike)):
         path = os.fspath(filename)
-        refuse_missing_files([path])
-        if _file_size(path) <= _ONE_CALL_BYTES:
+        if _small_file(path):
             # A small file in one call into the engine: no safe_open object, and its tensors
             # read one by one rather than through a pass (plan::choose_load_file_path), whose
             # fixed cost is most of a small file's load. Larger files iterate here, so Ctrl-C
