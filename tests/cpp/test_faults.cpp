@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <functional>
 
 #include "helper_files.h"
 #include "helper_models.h"
@@ -217,6 +218,59 @@ TEST_F(Faults, IoUringSubmitFailureIsAnErrorNotAHang) {
     io::disarm_faults();
     SafeOpen again(model.files, options);
     for (auto& [name, tensor] : again) EXPECT_TRUE(at::equal(tensor, model.tensors.at(name)));
+  }
+}
+
+// A submit refused after some pieces of one tensor reached the kernel: random access and
+// load_into (into the caller's memory, and through the staging ring) used to unwind with those
+// pieces still counted or in flight: a wait in a cleanup that threw again (the process
+// terminated in load_into's drain), or a buffer freed under a read. Now each is an Error, the
+// queued pieces are waited for first, and the same loader still closes and a new one loads.
+TEST_F(Faults, IoUringSubmitFailureMidTensorIsAnErrorOnRandomAccessAndLoadInto) {
+  TempDir dir;
+  auto model = write_model(dir);
+  OpenOptions options;
+  options.backend = "uring";
+  options.chunk_size = 4096;  // every tensor (8.4-10 KB) is read in three pieces or more
+  {
+    SafeOpen probe(model.files, options);
+    (void)probe.get_tensor("w11");
+    std::string in_use = probe.stats().backend;
+    if (in_use.rfind("io_uring", 0) != 0) GTEST_SKIP() << "io_uring is not in use here: " << in_use;
+  }
+  auto expect_submit_error = [](const char* what, const std::function<void()>& call) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error with the second submit refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("io_uring submit failed"), std::string::npos)
+          << what << ": " << e.what();
+    }
+  };
+  for (bool staged : {false, true}) {
+    io::FaultPlan plan;
+    plan.fail_uring_submit = EIO;
+    plan.fail_uring_submit_after = 1;
+    io::arm_faults(plan);
+    options.force_staging = staged;
+    SafeOpen random(model.files, options);
+    expect_submit_error("get_tensor", [&] { (void)random.get_tensor("w11"); });
+    random.close();
+    io::arm_faults(plan);  // the count starts again
+    SafeOpen into(model.files, options);
+    std::map<std::string, at::Tensor> destinations;
+    for (const char* name : {"w10", "w11"}) {
+      destinations[name] = at::empty_like(model.tensors.at(name));
+    }
+    expect_submit_error(staged ? "load_into staged" : "load_into",
+                        [&] { (void)into.load_into(destinations, /*strict=*/false); });
+    into.close();
+    io::disarm_faults();
+    SafeOpen again(model.files, options);
+    EXPECT_TRUE(at::equal(again.get_tensor("w11"), model.tensors.at("w11")));
+    again.load_into(destinations, /*strict=*/false);
+    for (auto& [name, tensor] : destinations)
+      EXPECT_TRUE(at::equal(tensor, model.tensors.at(name)));
   }
 }
 

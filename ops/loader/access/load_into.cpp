@@ -115,7 +115,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
   // Reads still in flight write into the staging ring: wait for them before it is freed.
   auto drain = c10::make_scope_exit([&] {
     while (stream.waiting() > 0) {
-      (void)reads.wait_for(stream.oldest_tag());
+      reads.settle(stream.oldest_tag());  // noexcept: this runs while an error unwinds
       stream.drop_oldest();
     }
   });
@@ -196,7 +196,9 @@ void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint&
       }
     }
   } catch (...) {
-    wait_all(reads, checkpoint, host_tags);  // nothing may still write into the destinations
+    // Nothing may still write into the destinations (or the temporaries freed below); the first
+    // error stands.
+    for (const auto& [tag, fill] : host_tags) reads.settle(tag);
     throw;
   }
   wait_all(reads, checkpoint, host_tags);

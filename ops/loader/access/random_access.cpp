@@ -44,11 +44,20 @@ c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTen
       recycled_->allocate_window(range.span, range.prefix, plan_.ring_alignment, "a tensor");
   auto* dest = static_cast<uint8_t*>(window.get()) - range.prefix;
   auto storage = make_owned_storage(std::move(window), nbytes);
-  reads_.submit(t.file_index, range, dest, read_tags::kRandomAccess);
-  // Reads of the pass may complete in between; they stay booked for the pass.
-  auto start = Clock::now();
-  auto failure = reads_.wait_for(read_tags::kRandomAccess);
-  stats_.wait_seconds += seconds_since(start);
+  std::optional<ReadFailure> failure;
+  try {
+    reads_.submit(t.file_index, range, dest, read_tags::kRandomAccess);
+    // Reads of the pass may complete in between; they stay booked for the pass.
+    auto start = Clock::now();
+    failure = reads_.wait_for(read_tags::kRandomAccess);
+    stats_.wait_seconds += seconds_since(start);
+  } catch (...) {
+    // Pieces queued before a later one failed still write into `storage`: none may land after
+    // it is freed below.
+    reads_.settle(read_tags::kRandomAccess);
+    reads_.release_if_idle(t.file_index);
+    throw;
+  }
   // After the check below (by the descriptor while held), unless the pass is reading it too.
   auto release = c10::make_scope_exit([&] { reads_.release_if_idle(t.file_index); });
   if (failure) throw read_failure_error(*failure, plan_.file_of(t), t.name());

@@ -37,14 +37,19 @@ size_t ReadScheduler::submit(size_t file_index, const plan::AlignedRange& range,
   reads.held = true;
   if (through_buffered && !held_elsewhere) reads.release_buffered = true;
   tags_[tag].pending += pieces.size();
+  size_t queued = 0;
   try {
     for (const auto& piece : pieces) {
       backend().submit(io::ReadRequest{fd, range.begin + piece.offset, piece.length,
                                        dest + piece.offset, tag, piece.required, file_index});
+      queued += 1;
       reads.pieces += 1;  // counted once queued
       timeline_.instant(PassTimeline::Kind::ReadSubmitted, piece.length, tag);
     }
   } catch (...) {
+    // The tag waits only for the pieces that were queued: counting the others would leave a
+    // wait for completions that never come.
+    tags_[tag].pending -= pieces.size() - queued;
     if (reads.pieces == 0) release_file(file_index);  // a backend that could not start
     throw;
   }
@@ -117,10 +122,26 @@ void ReadScheduler::forget(uint64_t tag) {
 }
 
 std::optional<ReadFailure> ReadScheduler::wait_for(uint64_t tag) {
-  while (!done(tag)) wait_one();
+  while (!done(tag)) {
+    if (in_flight() == 0) {
+      forget(tag);
+      throw Error(ErrorKind::Internal, "", "", "a read tag waits with no read in flight");
+    }
+    wait_one();
+  }
   auto failed = failure(tag);
   forget(tag);
   return failed;
+}
+
+void ReadScheduler::settle(uint64_t tag) noexcept {
+  try {
+    while (!done(tag) && in_flight() > 0) wait_one();
+  } catch (const std::exception&) {
+    // The backend cannot complete what it still holds: it throws only once none of its reads
+    // is left in the kernel, so nothing of `tag` lands in memory after this.
+  }
+  forget(tag);
 }
 
 void ReadScheduler::drain() noexcept {

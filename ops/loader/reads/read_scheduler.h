@@ -58,6 +58,11 @@ class ReadScheduler {
   // Blocks until every piece of `tag` has completed (booking the other tags' completions on the
   // way), forgets the tag and returns its first failure, if any.
   std::optional<ReadFailure> wait_for(uint64_t tag);
+  // For a caller unwinding an error whose memory `tag`'s reads write into: waits until none of
+  // them can still land (a backend whose wait throws has none left in the kernel), books the
+  // other tags' completions on the way and forgets `tag`. Never throws, so it may run in a
+  // destructor or a catch block before the memory is freed.
+  void settle(uint64_t tag) noexcept;
   // Waits for every read in flight (their memory may then be reused) and forgets every tag.
   // A backend that cannot complete its reads (its wait throws, once none is left in the kernel)
   // stops the wait there.

@@ -38,8 +38,10 @@ bool StagingStream::submit(size_t file_index, const plan::AlignedRange& range, u
     release_oldest_slice();
   }
   reads_.timeline().instant(PassTimeline::Kind::StagingPlaced, range.span, tag);
-  reads_.submit(file_index, range, region->data, tag);
+  // Waiting before it is submitted: a submit that fails after queueing some pieces leaves
+  // them to the caller's drain of the waiting slices, before the ring is freed.
   waiting_.push_back(Slice{tag, region->data + range.prefix, to, range.length});
+  reads_.submit(file_index, range, region->data, tag);
   return true;
 }
 
