@@ -17,11 +17,16 @@ cold samples evict the checkpoint from the page cache first (posix_fadvise DONTN
 mincore); figures are medians. Per mode and setting:
   GB/s            checkpoint bytes / (open .. last byte on the device, after a synchronize)
   ratio_to_bound  GB/s / min(read rate, copy bandwidth, host CPU bound); the read rate is
-                  measured alone in the same run: buffered reads by 2 threads into a pinned
-                  buffer, no copies. The host CPU bound: the checkpoint's bytes over the CPU
-                  seconds any pipeline spends on this host's cores (the read alone's and the
-                  simulator's copies, each measured) spread over all of them. Beside it, the
-                  CPU seconds to fault a fresh 64 MiB ring (the loader's own cost, not counted)
+                  measured alone in the same run: buffered reads by 2 threads into a staging
+                  ring of its own, no copies. That ring is allocated inside the read's timing,
+                  as the loader's is (a load in a fresh process faults fresh staging memory: a
+                  GPU pins it, the simulated device's pinned memory is faulted as it is first
+                  written), and is as large as the loader's staging uses by default (48 MiB).
+                  The host CPU bound: the checkpoint's bytes over the CPU seconds any pipeline
+                  spends on this host's cores (the read alone's and the simulator's copies,
+                  each measured) spread over all of them. Beside it (warm), the read alone
+                  into a ring touched before its timing, as this script measured it until
+                  2026-12-07
   host waits      host threads blocking on the device (stream/event synchronize, blocking
                   copies) inside the pass (the first tensor asked .. the last received; for
                   load_into: the call), and after it (the end of the iteration and the close)
@@ -87,6 +92,10 @@ def _evict(files: list[str]) -> None:
 
 
 STAGING_BYTES = 64 << 20  # the loader's default staging ring (ops/plan/memory_plan.h)
+# What of it the loader's staging uses by default: the reads its backend runs at once (2), one
+# queued behind each, and two slices under copy, of 8 MiB each (loader/transfer/staging_stream).
+READ_RING_BYTES = 48 << 20
+READ_CHUNK = 8 << 20
 
 
 def _pinned_ring():
@@ -95,16 +104,34 @@ def _pinned_ring():
     return torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True).numpy()
 
 
+def _fresh_ring(device: str):
+    """A staging ring made inside the timing, as a load makes its own: pinned on a GPU (which
+    faults and locks it at allocation); on the simulated device, whose pinned memory is faulted
+    lazily, anonymous memory advised to 2 MiB pages as the loader advises its staging."""
+    if device == "cuda":
+        import torch
+
+        return torch.empty(READ_RING_BYTES, dtype=torch.uint8, pin_memory=True).numpy()
+    import mmap
+
+    import numpy
+
+    block = mmap.mmap(-1, READ_RING_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        block.madvise(mmap.MADV_HUGEPAGE)
+    return numpy.frombuffer(block, dtype=numpy.uint8)
+
+
 def _read_alone(files: list[str], ring) -> None:
-    """Buffered reads by 2 threads, 16 MiB each, in turn into the slots of a pinned ring as large
-    as the loader's staging ring (a smaller buffer read over and over stays in the CPU's caches
-    and would read faster than any pipeline can), no copies."""
-    chunk = 16 << 20
+    """Buffered reads by 2 threads, 8 MiB each, in turn into the slots of `ring` (at least the
+    staging the loader uses: a smaller buffer read over and over stays in the CPU's caches and
+    would read faster than any pipeline can), no copies."""
+    chunk = READ_CHUNK
     jobs = []
     for path in files:
         size = os.path.getsize(path)
         jobs += [(path, offset) for offset in range(0, size, chunk)]
-    slots = [ring[i:i + chunk] for i in range(0, STAGING_BYTES, chunk)]
+    slots = [ring[i:i + chunk] for i in range(0, len(ring) - chunk + 1, chunk)]
     lock = threading.Lock()
     turn = [0]
 
@@ -127,25 +154,6 @@ def _read_alone(files: list[str], ring) -> None:
         t.start()
     for t in threads:
         t.join()
-
-
-def _fresh_ring_cpu_seconds() -> float:
-    """CPU seconds to fault in a fresh staging ring of the loader's default size, advised to
-    2 MiB pages as the loader advises its own: what the loader pays once per load that the read
-    alone, into a ring allocated before its timing, does not (a GPU's pinning pays it at
-    allocation). Reported beside the host CPU bound."""
-    import mmap
-
-    import numpy
-
-    start = time.process_time()
-    block = mmap.mmap(-1, STAGING_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        block.madvise(mmap.MADV_HUGEPAGE)
-    numpy.frombuffer(block, dtype=numpy.uint8)[::4096] = 1
-    seconds = time.process_time() - start
-    block.close()
-    return seconds
 
 
 class Probe:
@@ -234,10 +242,13 @@ def _sample(spec: dict) -> dict:
     cpu_start = time.process_time()
     start = time.perf_counter()
     if spec["mode"] == "read":
-        _read_alone(files, ring)
+        _read_alone(files, _fresh_ring(spec["device"]))
         result["seconds"] = time.perf_counter() - start
         result["cpu_seconds"] = time.process_time() - cpu_start
-        result["fresh_ring_cpu_seconds"] = _fresh_ring_cpu_seconds()  # after the timing
+        if spec["cache"] == "warm":  # the earlier figure: into a ring touched before the timing
+            start = time.perf_counter()
+            _read_alone(files, ring)
+            result["touched_ring_seconds"] = time.perf_counter() - start
         return result
     if spec["mode"] == "into":
         with instanttensor.safe_open(files, device="cpu") as meta:
@@ -424,16 +435,16 @@ def run(args) -> dict:
             read_cores = _median([s["cpu_seconds"] / s["seconds"]
                                   for s in samples[(setting, cache, "read")]])
             read_cpu = _median([s["cpu_seconds"] for s in samples[(setting, cache, "read")]])
-            ring_cpu = _median([s["fresh_ring_cpu_seconds"]
-                                for s in samples[(setting, cache, "read")]])
+            touched = [s["touched_ring_seconds"] for s in samples[(setting, cache, "read")]
+                       if "touched_ring_seconds" in s]
+            touched_gbps = total / _median(touched) / 1e9 if touched else None
             copy_gbps = gbps if args.device != "cuda" else _pinned_h2d_gbps()
             for mode in MODES[1:]:
                 runs = samples[(setting, cache, mode)]
                 seconds = _median([s["seconds"] for s in runs])
                 # The host CPU bound: this machine's cores doing what any pipeline must (the
-                # reads' copies out of the page cache as the read alone measured them, the
-                # simulator's copies), nothing of the loader's own. Faulting a fresh staging
-                # ring is the loader's (a choice of ring size), stated beside it, not counted.
+                # reads' copies out of the page cache into fresh staging as the read alone
+                # measured them, the simulator's copies), nothing of the loader's own.
                 sim_cpu = _median([s.get("simulator_cpu_seconds", 0.0) for s in runs])
                 host_cpu = read_cpu + sim_cpu
                 cpu_gbps = total / (host_cpu / os.cpu_count()) / 1e9
@@ -442,8 +453,8 @@ def run(args) -> dict:
                 entry = {"setting": setting, "cache": cache, "mode": LABELS[mode],
                          "copy_gbps": copy_gbps, "read_gbps": read_gbps, "bound_gbps": bound,
                          "bound_by": bound_by, "cpu_bound_gbps": cpu_gbps,
-                         "host_cpu_seconds": {"reads": read_cpu, "fresh_ring": ring_cpu,
-                                                    "simulator": sim_cpu},
+                         "host_cpu_seconds": {"reads": read_cpu, "simulator": sim_cpu},
+                         "read_touched_ring_gbps": touched_gbps,
                          "seconds": seconds, "gbps": total / seconds / 1e9,
                          "ratio_to_bound": total / seconds / 1e9 / bound,
                          "samples_seconds": [s["seconds"] for s in runs],
@@ -508,23 +519,25 @@ def print_table(result: dict) -> None:
     print(f"checkpoint: {result['checkpoint_bytes'] / 1e9:.2f} GB in {result['files']} files, "
           f"device {result['device']}, medians of {result['samples']}, {os.cpu_count()} cores")
     print("| setting | cache | mode | GB/s | bound GB/s (by) | ratio | host CPU bound GB/s "
-          "(simulator CPU s, fresh ring CPU s) | host cores busy (read alone) "
+          "(simulator CPU s) | read alone, touched ring GB/s | host cores busy (read alone) "
           "| host waits (syncs) in pass | at end | loader device peak MiB | pinned peak MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for e in result["entries"]:
+        touched = e.get("read_touched_ring_gbps")
+        touched = "-" if touched is None else f"{touched:.2f}"
         waits = "- | -" if e["host_waits_in_pass"] is None else \
             f"{e['host_waits_in_pass']:.0f} ({e['host_syncs_in_pass']:.0f}) | " \
             f"{e['host_waits_at_end']:.0f} ({e['host_syncs_at_end']:.0f})"
         print(f"| {e['setting']} | {e['cache']} | {e['mode']} | {e['gbps']:.2f} | "
               f"{e['bound_gbps']:.2f} ({e['bound_by']}) | {e['ratio_to_bound']:.2f} | "
-              f"{e['cpu_bound_gbps']:.2f} ({e['host_cpu_seconds']['simulator']:.3f}, "
-              f"{e['host_cpu_seconds']['fresh_ring']:.3f}) | "
+              f"{e['cpu_bound_gbps']:.2f} ({e['host_cpu_seconds']['simulator']:.3f}) | "
+              f"{touched} | "
               f"{e['host_cores']:.2f} ({e['read_alone_host_cores']:.2f}) | {waits} | "
               f"{_mib(e['loader_device_peak_bytes'])} | {_mib(e['pinned_peak_bytes'])} |")
     for e in result["two_ranks"]:
         print(f"| {e['setting']} | warm | {e['mode']} | {e['gbps_per_rank']:.2f} per rank | "
               f"one rank alone {e['one_rank_gbps']:.2f} | {e['ratio_to_one_rank']:.2f} x alone | | | "
-              f"{e['exchange']} | | | |")
+              f"| {e['exchange']} | | | |")
 
 
 def plot(result: dict, path: str) -> None:

@@ -30,7 +30,7 @@ struct Fixture {
   Stats stats;
   std::unique_ptr<ReadScheduler> reads;
   Fixture() {
-    for (int i = 0; i < (64 << 10); ++i) bytes.push_back(static_cast<char>(i * 13 + 1));
+    for (int i = 0; i < (128 << 10); ++i) bytes.push_back(static_cast<char>(i * 13 + 1));
     testing::write_bytes(path, bytes);
     fd = ::open(path.c_str(), O_RDONLY);
     io = std::make_unique<io::IoSetup>(std::vector<std::string>{"pread"},
@@ -105,12 +105,13 @@ TEST(StagingStream, SlicesStayUnderTheLimitTheBackendNeedsAndALargerReadTakesThe
   Fixture f;
   const uint64_t capacity = 256 << 10;
   DeviceStage stage(c10::Device(c10::DeviceType::CPU), capacity, 64, 0);
-  // Slices of 4 KiB: a slot of 16 KiB with the O_DIRECT room; 2 workers + 2 slots = 64 KiB.
+  // Slices of 4 KiB: a slot of 16 KiB with the O_DIRECT room; 2 workers, one read queued
+  // behind each, and 2 slots under copy = 96 KiB.
   StagingStream stream(stage, *f.reads, 4096);
-  const uint64_t limit = 64 << 10;
+  const uint64_t limit = 96 << 10;
   EXPECT_EQ(stage.staging().limit(), limit);
   std::vector<uint8_t> destination(f.bytes.size(), 0);
-  // A consumer that lands nothing: the ring refuses once 64 KiB are waiting, not at 256 KiB.
+  // A consumer that lands nothing: the ring refuses once 96 KiB are waiting, not at 256 KiB.
   uint64_t offset = 0;
   while (stream.submit(0, plan::align_range(offset, 4096, 1), destination.data() + offset,
                        read_tags::load_into(offset))) {
@@ -123,7 +124,7 @@ TEST(StagingStream, SlicesStayUnderTheLimitTheBackendNeedsAndALargerReadTakesThe
   stream.release_all();
   EXPECT_EQ(std::memcmp(destination.data(), f.bytes.data(), limit), 0);
   // A read larger than the limit, into an empty ring, takes the whole ring.
-  std::vector<uint8_t> large(96 << 10, 0);
+  std::vector<uint8_t> large(128 << 10, 0);
   ASSERT_TRUE(stream.submit(0, plan::align_range(0, large.size(), 1), large.data(), 1 << 20));
   EXPECT_EQ(stage.staging().limit(), capacity);
   f.land(stream);

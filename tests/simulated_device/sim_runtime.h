@@ -9,6 +9,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -36,6 +37,9 @@ inline void* real(const void* device_address) {
 
 // One stream: operations run in order on a worker thread of its own, each after a random
 // 0-2 ms sleep when delays are on. Sequence numbers count operations enqueued and completed.
+// With the timing model on, the stream keeps the device's clock (see engine_move): an operation
+// is ready when it was enqueued or when the one before it ended on that clock, whichever is
+// later, however late the worker thread is scheduled to run it.
 class Stream {
  public:
   Stream(c10::DeviceIndex device, c10::StreamId id);
@@ -55,7 +59,14 @@ class Stream {
   c10::StreamId id_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<std::pair<uint64_t, std::function<void()>>> queue_;
+  struct Queued {
+    uint64_t sequence;
+    std::function<void()> op;
+    std::chrono::steady_clock::time_point enqueued_at;
+  };
+  std::deque<Queued> queue_;
+  // When the last operation ended on the device's clock (worker thread only).
+  std::chrono::steady_clock::time_point device_time_;
   uint64_t enqueued_ = 0;
   uint64_t completed_ = 0;
   bool stopping_ = false;

@@ -17,11 +17,12 @@ class StagingStream {
  public:
   // `stage` and `reads` outlive this object. Consumer thread only. `slice_bytes` > 0: the
   // largest read submitted (the plan's slice); the ring is then used only as far as keeps every
-  // read the backend runs at once busy plus two slices under copy (a read larger than that
-  // takes the whole ring), so memory the platform faults in lazily (pageable staging, lazily
-  // pinned memory) is touched only that far. A limit that followed the measured rates was tried
-  // and dropped: the consumer's thread books reads and queues copies before it submits, so at
-  // a submit it cannot tell an engine behind from copies it has just queued.
+  // read the backend runs at once busy with one more queued behind it, plus two slices under
+  // copy (a read larger than that takes the whole ring), so memory the platform faults in
+  // lazily (pageable staging, lazily pinned memory) is touched only that far. A limit that followed
+  // the measured rates was tried and dropped: the consumer's thread books reads and queues copies
+  // before it submits, so at a submit it cannot tell an engine behind from copies it has just
+  // queued.
   StagingStream(DeviceStage& stage, ReadScheduler& reads, uint64_t slice_bytes = 0);
 
   // Submits the read of `range` of file `file_index` (tag `tag`) into a fresh staging slice,
