@@ -21,10 +21,10 @@ mincore); figures are medians. Per mode and setting:
                   ring of its own, no copies. That ring is allocated inside the read's timing,
                   as the loader's is (a load in a fresh process faults fresh staging memory: a
                   GPU pins it, the simulated device's pinned memory is faulted as it is first
-                  written), and is as large as the loader's staging uses by default (48 MiB).
-                  The host CPU bound: the checkpoint's bytes over the CPU seconds any pipeline
-                  spends on this host's cores (the read alone's and the simulator's copies,
-                  each measured) spread over all of them. Beside it (warm), the read alone
+                  written), as large as what the loader's staging uses by default (on 2
+                  cores: 48 MiB warm, 64 cold). The host CPU bound: the checkpoint's bytes
+                  over the CPU seconds any pipeline spends on this host's cores (the read
+                  alone's and the simulator's copies, each measured) spread over all of them. Beside it (warm), the read alone
                   into a ring touched before its timing, as this script measured it until
                   2026-12-07
   host waits      host threads blocking on the device (stream/event synchronize, blocking
@@ -92,10 +92,17 @@ def _evict(files: list[str]) -> None:
 
 
 STAGING_BYTES = 64 << 20  # the loader's default staging ring (ops/plan/memory_plan.h)
-# What of it the loader's staging uses by default: the reads its backend runs at once (2), one
-# queued behind each, and two slices under copy, of 8 MiB each (loader/transfer/staging_stream).
-READ_RING_BYTES = 48 << 20
-READ_CHUNK = 8 << 20
+READ_CHUNK = 8 << 20  # the loader's default slice
+
+
+def _read_ring_bytes(device: str, cache: str) -> int:
+    """What of its staging ring the loader uses by default: all of it on a GPU (pinned whole at
+    allocation); else the reads its backend runs at once (warm: one per core, at most 4; cold:
+    4), one queued behind each, and two slices under copy (loader/transfer/staging_stream)."""
+    if device == "cuda":
+        return STAGING_BYTES
+    reads = min(4, os.cpu_count() or 1) if cache == "warm" else 4
+    return min(STAGING_BYTES, (2 * reads + 2) * READ_CHUNK)
 
 
 def _pinned_ring():
@@ -104,19 +111,19 @@ def _pinned_ring():
     return torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True).numpy()
 
 
-def _fresh_ring(device: str):
+def _fresh_ring(device: str, nbytes: int):
     """A staging ring made inside the timing, as a load makes its own: pinned on a GPU (which
     faults and locks it at allocation); on the simulated device, whose pinned memory is faulted
     lazily, anonymous memory advised to 2 MiB pages as the loader advises its staging."""
     if device == "cuda":
         import torch
 
-        return torch.empty(READ_RING_BYTES, dtype=torch.uint8, pin_memory=True).numpy()
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
     import mmap
 
     import numpy
 
-    block = mmap.mmap(-1, READ_RING_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    block = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         block.madvise(mmap.MADV_HUGEPAGE)
     return numpy.frombuffer(block, dtype=numpy.uint8)
@@ -242,7 +249,8 @@ def _sample(spec: dict) -> dict:
     cpu_start = time.process_time()
     start = time.perf_counter()
     if spec["mode"] == "read":
-        _read_alone(files, _fresh_ring(spec["device"]))
+        _read_alone(files, _fresh_ring(spec["device"], _read_ring_bytes(spec["device"],
+                                                                       spec["cache"])))
         result["seconds"] = time.perf_counter() - start
         result["cpu_seconds"] = time.process_time() - cpu_start
         if spec["cache"] == "warm":  # the earlier figure: into a ring touched before the timing

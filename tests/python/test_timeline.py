@@ -95,10 +95,11 @@ def test_the_copy_engine_log_matches_the_copies_queued(tmp_path, monkeypatch):
     copies = log  # host to device only: the reads back by .cpu() are the other engine
     assert len(copies) == len(queued)
     assert sum(c[2] for c in copies) == sum(e["bytes"] for e in queued)
-    # A copy runs after it was queued, for at least its modelled time (1 GB/s).
+    # A copy runs after it was queued, one at a time on the engine.
     for (start, end, nbytes), event in zip(copies, queued):
         assert start >= event["start"] - 1e-6
-        assert end - start >= nbytes / 1e9 * 0.99
+    for previous, following in zip(copies, copies[1:]):
+        assert following[0] >= previous[1] - 1e-9
 
 
 @pytest.mark.skipif(not simdev.load(), reason="needs the simulated device")

@@ -143,6 +143,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveBackend::launch(c10::DeviceIndex device
     job->reached = true;
     job->changed.notify_all();
     job->changed.wait(lock, [&] { return job->done; });
+    catch_up_device_clock();
   });
   return c10::make_intrusive<CollectiveWork>(std::move(job), stream, sequence, type,
                                              std::move(outputs));

@@ -80,8 +80,8 @@ std::atomic<bool> moving_bytes{true};
 std::mutex timing_mutex;
 Timing current_timing = timing_from_environment();
 
-// One engine per device and direction: a copy holds its mutex for the modelled duration, and
-// records what it did under it.
+// One engine per device and direction: a copy holds its mutex until its modelled end on the
+// device's clock, and records what it did under it.
 std::array<std::array<std::mutex, 2>, kDeviceCount> engines;
 std::array<std::array<EngineStats, 2>, kDeviceCount> engine_records;
 // Where each engine's last copy ended on the device's clock (under its engine mutex).
@@ -136,6 +136,13 @@ void Stream::wait_for(uint64_t sequence) {
     if (completed_ < sequence) host_wait_count.fetch_add(1);
   }
   changed_.wait(lock, [&] { return completed_ >= sequence; });
+  if (on_stream_worker) {
+    // An operation of another stream that waited for this one goes on from where this one got
+    // on the device's clock (its last completion: never earlier than the operation waited for),
+    // not from its own start mark, which may lag the host by a late start.
+    op_device_mark = std::max(op_device_now(), completed_device_time_);
+    op_host_mark = std::chrono::steady_clock::now();
+  }
 }
 
 bool Stream::passed(uint64_t sequence) {
@@ -173,6 +180,7 @@ void Stream::run() {
     op = nullptr;
     lock.lock();
     completed_ = sequence;
+    completed_device_time_ = device_time_;
     changed_.notify_all();
   }
 }
@@ -280,6 +288,12 @@ void run_engine(c10::DeviceIndex device, Direction direction, size_t nbytes,
   }
 }
 }  // namespace
+
+void catch_up_device_clock() {
+  if (!on_stream_worker) return;
+  op_host_mark = std::chrono::steady_clock::now();
+  op_device_mark = op_host_mark;
+}
 
 void engine_move(c10::DeviceIndex device, Direction direction, size_t nbytes,
                  const std::function<void()>& move) {

@@ -67,6 +67,8 @@ class Stream {
   std::deque<Queued> queue_;
   // When the last operation ended on the device's clock (worker thread only).
   std::chrono::steady_clock::time_point device_time_;
+  // device_time_ as of completed_ (under mutex_): where a stream waiting for this one goes on.
+  std::chrono::steady_clock::time_point completed_device_time_;
   uint64_t enqueued_ = 0;
   uint64_t completed_ = 0;
   bool stopping_ = false;
@@ -118,13 +120,18 @@ bool move_bytes();
 bool moves(size_t nbytes);
 
 enum class Direction { HostToDevice, DeviceToHost };
-// Holds the copy engine of `device` for `direction` as long as the model says for `nbytes` (at
-// least as long as `move` takes), calling `move` first: it moves the bytes, or not (moves(),
-// above), after checking the device memory is still live. Called where queued copies run.
+// Holds the copy engine of `device` for `direction` as long as the model says for `nbytes`, on
+// the device's clock (from when the copy was ready on its stream and the engine free, not from
+// when its worker thread ran it; a host thread's copy starts now), calling `move` first: it
+// moves the bytes, or not (moves(), above), after checking the device memory is still live.
+// Called where queued copies run.
 void engine_move(c10::DeviceIndex device, Direction direction, size_t nbytes,
                  const std::function<void()>& move);
 // Holds the engine for the modelled time of `nbytes`, moving nothing (benchmarks).
 void engine_time(c10::DeviceIndex device, Direction direction, size_t nbytes);
+// For a stream's operation that waited on the host (a collective's rendezvous, whose copies run
+// on the host's clock): the device's clock goes on from now. No-op off a stream's worker.
+void catch_up_device_clock();
 
 // Counters the tests and benchmarks read (any thread):
 // - host syncs: a host thread (not a stream worker) asking to wait until a stream reaches a

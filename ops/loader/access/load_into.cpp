@@ -56,11 +56,17 @@ void submit_into_host(ReadScheduler& reads, io::IoSetup& io, const format::Index
 void wait_all(ReadScheduler& reads, const format::Checkpoint& checkpoint,
               const std::vector<std::pair<uint64_t, const Fill*>>& tags) {
   std::optional<Error> first;
-  for (const auto& [tag, fill] : tags) {
-    auto failure = reads.wait_for(tag);
-    if (failure && !first) {
-      first = read_failure_error(*failure, checkpoint.path_of(*fill->source), fill->source->name());
+  try {
+    for (const auto& [tag, fill] : tags) {
+      auto failure = reads.wait_for(tag);
+      if (failure && !first) {
+        first =
+            read_failure_error(*failure, checkpoint.path_of(*fill->source), fill->source->name());
+      }
     }
+  } catch (...) {
+    for (const auto& [tag, fill] : tags) reads.settle(tag);  // a done tag: forgotten only
+    throw;
   }
   if (first) throw *first;
 }

@@ -42,7 +42,8 @@ class ReadScheduler {
   // Submits `range` of file `file_index` in pieces of at most chunk_size, landing at `dest`
   // (which must stay valid until the tag is done). `buffered`: through the file's buffered fd
   // even when the checkpoint is read with O_DIRECT (ranges and memory that are not aligned).
-  // Returns the number of pieces.
+  // Returns the number of pieces. Throws what the backend throws (it could not start, or
+  // refuses after a failure): the tag then waits only for the pieces already queued.
   size_t submit(size_t file_index, const plan::AlignedRange& range, uint8_t* dest, uint64_t tag,
                 bool buffered = false);
   // Blocks for one completion and books it. Precondition: in_flight() > 0.
@@ -56,10 +57,13 @@ class ReadScheduler {
   // Drops the bookkeeping of a done tag.
   void forget(uint64_t tag);
   // Blocks until every piece of `tag` has completed (booking the other tags' completions on the
-  // way), forgets the tag and returns its first failure, if any.
+  // way), forgets the tag and returns its first failure, if any. Throws the backend's error
+  // when its wait fails (the tag is then left to settle() or drain()), and Error(Internal) for
+  // a tag still pending with nothing in flight (a broken count, never a wait without end).
   std::optional<ReadFailure> wait_for(uint64_t tag);
   // For a caller unwinding an error whose memory `tag`'s reads write into: waits until none of
-  // them can still land (a backend whose wait throws has none left in the kernel), books the
+  // them can still land (a backend whose wait throws has none left in the kernel; the one
+  // exception, io_uring refusing the wait itself, leaves nothing to wait with), books the
   // other tags' completions on the way and forgets `tag`. Never throws, so it may run in a
   // destructor or a catch block before the memory is freed.
   void settle(uint64_t tag) noexcept;

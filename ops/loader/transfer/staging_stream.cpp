@@ -44,7 +44,14 @@ bool StagingStream::submit(size_t file_index, const plan::AlignedRange& range, u
   // Waiting before it is submitted: a submit that fails after queueing some pieces leaves
   // them to the caller's drain of the waiting slices, before the ring is freed.
   waiting_.push_back(Slice{tag, region->data + range.prefix, to, range.length});
-  reads_.submit(file_index, range, region->data, tag);
+  try {
+    reads_.submit(file_index, range, region->data, tag);
+  } catch (...) {
+    // Nothing of it queued (a descriptor or the backend could not be had): no slice waits, so
+    // the next one landed is copied from its own bytes.
+    if (reads_.done(tag)) waiting_.pop_back();
+    throw;
+  }
   return true;
 }
 
