@@ -42,8 +42,8 @@ std::array<std::array<std::unique_ptr<Stream>, kStreamsPerDevice>, kDeviceCount>
 thread_local c10::DeviceIndex thread_device = 0;
 thread_local bool on_stream_worker = false;
 // The operation a stream's worker runs, on the device's clock: at host time `op_host_mark` it
-// was at device time `op_device_mark`, and it has gone on at the host's pace since (a wait for
-// another stream, a rendezvous), except that a copy moves the marks to where it ended.
+// was at device time `op_device_mark`, and it has gone on at the host's pace since; a copy
+// moves the marks to where it ended, a wait for another stream to where that one got.
 thread_local std::chrono::steady_clock::time_point op_device_mark;
 thread_local std::chrono::steady_clock::time_point op_host_mark;
 
@@ -131,6 +131,9 @@ uint64_t Stream::enqueue(std::function<void()> op) {
 
 void Stream::wait_for(uint64_t sequence) {
   std::unique_lock<std::mutex> lock(mutex_);
+  // Where the waiting operation got on the device's clock before it blocked: the host time it
+  // then spends blocked is not the device's.
+  const auto arrived = on_stream_worker ? op_device_now() : std::chrono::steady_clock::time_point{};
   if (!on_stream_worker) {
     host_sync_count.fetch_add(1);
     if (completed_ < sequence) host_wait_count.fetch_add(1);
@@ -138,10 +141,11 @@ void Stream::wait_for(uint64_t sequence) {
   changed_.wait(lock, [&] { return completed_ >= sequence; });
   if (on_stream_worker) {
     // An operation of another stream that waited for this one goes on from where this one got
-    // on the device's clock (its last completion: never earlier than the operation waited for),
-    // not from its own start mark, which may lag the host by a late start.
-    op_device_mark = std::max(op_device_now(), completed_device_time_);
+    // on the device's clock (its last completion: never earlier than the operation waited for,
+    // later if this stream has run on since) or from where it arrived, whichever is later; not
+    // from the host's time when its worker saw the completion.
     op_host_mark = std::chrono::steady_clock::now();
+    op_device_mark = std::max(arrived, completed_device_time_);
   }
 }
 

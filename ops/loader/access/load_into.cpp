@@ -66,6 +66,7 @@ void wait_all(ReadScheduler& reads, const format::Checkpoint& checkpoint,
     }
   } catch (...) {
     for (const auto& [tag, fill] : tags) reads.settle(tag);  // a done tag: forgotten only
+    if (first) throw *first;                                 // the first error stands
     throw;
   }
   if (first) throw *first;

@@ -176,9 +176,16 @@ void ReadPass::release_consumed() {
 }
 
 void ReadPass::prepare(size_t item) {
-  release_consumed();
-  make_ready(item, /*wait=*/true);
-  pump();
+  try {
+    release_consumed();
+    make_ready(item, /*wait=*/true);
+    pump();
+  } catch (const Error& e) {
+    // A submit that threw (a descriptor or the read workers could not be had) fails the pass
+    // as a failed read does: a retried step must not go on from half-submitted slices.
+    if (!state().error) fail(e);
+    throw;
+  }
 }
 
 std::optional<Error> ReadPass::settle(size_t item) {

@@ -47,8 +47,9 @@ bool StagingStream::submit(size_t file_index, const plan::AlignedRange& range, u
   try {
     reads_.submit(file_index, range, region->data, tag);
   } catch (...) {
-    // Nothing of it queued (a descriptor or the backend could not be had): no slice waits, so
-    // the next one landed is copied from its own bytes.
+    // Nothing of it queued (a descriptor or the backend could not be had): no slice waits for
+    // it. Its region stays placed until the caller frees the ring, which every caller does
+    // after a throw (the read pass fails and forgets its slices; load_into drains and closes).
     if (reads_.done(tag)) waiting_.pop_back();
     throw;
   }
