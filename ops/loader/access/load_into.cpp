@@ -51,6 +51,12 @@ void submit_into_host(ReadScheduler& reads, io::IoSetup& io, const format::Index
   }
 }
 
+// For an error unwinding: none of `tags`' reads may still land (they write into the caller's
+// memory, or temporaries about to be freed).
+void settle_all(ReadScheduler& reads, const std::vector<std::pair<uint64_t, const Fill*>>& tags) {
+  for (const auto& [tag, fill] : tags) reads.settle(tag);  // a done tag: forgotten only
+}
+
 // Waits for every tag (reads must not outlive this call: they write into the caller's memory),
 // then throws the first failure.
 void wait_all(ReadScheduler& reads, const format::Checkpoint& checkpoint,
@@ -65,8 +71,8 @@ void wait_all(ReadScheduler& reads, const format::Checkpoint& checkpoint,
       }
     }
   } catch (...) {
-    for (const auto& [tag, fill] : tags) reads.settle(tag);  // a done tag: forgotten only
-    if (first) throw *first;                                 // the first error stands
+    settle_all(reads, tags);
+    if (first) throw *first;  // the first error stands
     throw;
   }
   if (first) throw *first;
@@ -203,9 +209,7 @@ void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint&
       }
     }
   } catch (...) {
-    // Nothing may still write into the destinations (or the temporaries freed below); the first
-    // error stands.
-    for (const auto& [tag, fill] : host_tags) reads.settle(tag);
+    settle_all(reads, host_tags);  // the first error stands
     throw;
   }
   wait_all(reads, checkpoint, host_tags);

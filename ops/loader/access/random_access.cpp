@@ -44,6 +44,9 @@ c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTen
       recycled_->allocate_window(range.span, range.prefix, plan_.ring_alignment, "a tensor");
   auto* dest = static_cast<uint8_t*>(window.get()) - range.prefix;
   auto storage = make_owned_storage(std::move(window), nbytes);
+  // After the check below (by the descriptor while held), unless the pass is reading it too;
+  // on an error after settle() below, so nothing of this read is in flight any more.
+  auto release = c10::make_scope_exit([&] { reads_.release_if_idle(t.file_index); });
   std::optional<ReadFailure> failure;
   try {
     reads_.submit(t.file_index, range, dest, read_tags::kRandomAccess);
@@ -55,11 +58,8 @@ c10::intrusive_ptr<c10::StorageImpl> RandomAccess::read(const format::IndexedTen
     // Pieces queued before a later one failed still write into `storage`: none may land after
     // it is freed below.
     reads_.settle(read_tags::kRandomAccess);
-    reads_.release_if_idle(t.file_index);
     throw;
   }
-  // After the check below (by the descriptor while held), unless the pass is reading it too.
-  auto release = c10::make_scope_exit([&] { reads_.release_if_idle(t.file_index); });
   if (failure) throw read_failure_error(*failure, plan_.file_of(t), t.name());
   plan_.checkpoint->check_unchanged(t.file_index, t.name());  // written in place meanwhile?
   return storage;

@@ -9,7 +9,8 @@ StagingStream::StagingStream(DeviceStage& stage, ReadScheduler& reads, uint64_t 
   if (slice_bytes > 0) {
     // One read queued behind each running one: a worker that finishes goes straight on
     // instead of waiting for the consumer's thread (on 2 busy cores, a completion waited
-    // 0.5-0.7 ms for it at the 90th percentile, most of an 8 MiB read warm).
+    // 0.5-1.7 ms for it at the 90th percentile, about an 8 MiB read warm; see
+    // benchmarks/README.md, 2026-12-07).
     stage_.staging().raise_limit((2 * reads_.reads_at_once() + 2) *
                                  plan::staging_slot_bytes(slice_bytes));
     reads_.timeline().instant(PassTimeline::Kind::StagingLimit, stage_.staging().limit());
