@@ -10,6 +10,11 @@ medians and the new/old speed ratio. For checking that a change of the engine co
         --checkpoint /var/tmp/instanttensor-bench-2.0g --samples 5
 
 "new" is the interpreter running this script (its installed instanttensor).
+
+With --simdev-gbps G the samples are device_pipeline.py's own (its worker, a fresh process each)
+onto the simulated device with a G GB/s copy engine (40: read-bound, 1: copy-bound), modes
+copy, borrow and into; both installs load the one simulated device of the CMake build
+(INSTANTTENSOR_CMAKE_BUILD_DIR, default ./build).
 """
 
 from __future__ import annotations
@@ -54,6 +59,17 @@ def warm(files: list[str]) -> None:
                 pass
 
 
+def _device_pipeline_sample(python: str, mode: str, cache: str, files: list[str],
+                            gbps: float) -> float:
+    """One sample of benchmarks/device_pipeline.py onto the simulated device, by `python`."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device_pipeline.py")
+    spec = {"mode": mode, "cache": cache, "files": files, "device": "simdev",
+            "h2d_gbps": gbps, "d2h_gbps": gbps, "latency_us": 10.0, "options": {}}
+    done = subprocess.run([python, script, "--worker", json.dumps(spec)], capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--old-python", required=True, help="interpreter of the old install")
@@ -61,7 +77,11 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--caches", default="cold,warm")
     parser.add_argument("--modes", default="load_into,copy,borrow")
+    parser.add_argument("--simdev-gbps", type=float,
+                        help="A/B device_pipeline.py's samples onto the simulated device instead")
     args = parser.parse_args()
+    if args.simdev_gbps and args.modes == "load_into,copy,borrow":
+        args.modes = "into,copy,borrow"  # device_pipeline.py's names
     files = sorted(glob.glob(os.path.join(args.checkpoint, "*.safetensors")))
     total = sum(os.path.getsize(f) for f in files)
     envs = {"old": args.old_python, "new": sys.executable}
@@ -71,6 +91,10 @@ def main() -> int:
             for round_index in range(args.samples):
                 order = list(envs) if round_index % 2 == 0 else list(envs)[::-1]
                 for name in order:
+                    if args.simdev_gbps:  # the worker evicts or warms the files itself
+                        times[name].append(_device_pipeline_sample(
+                            envs[name], mode, cache, files, args.simdev_gbps))
+                        continue
                     evict(files) if cache == "cold" else warm(files)
                     done = subprocess.run([envs[name], "-c", WORKER, mode, *files],
                                           capture_output=True, text=True, cwd="/tmp", check=True)

@@ -132,5 +132,51 @@ TEST(StagingStream, SlicesStayUnderTheLimitTheBackendNeedsAndALargerReadTakesThe
   EXPECT_EQ(std::memcmp(large.data(), f.bytes.data(), large.size()), 0);
 }
 
+TEST(StagingStream, AConsumerFreesRoomFirstOnlyForAnIdleWorkerAndAQueuedCopy) {
+  // refused, reads in flight, reads at once, copy queued -> wait for the copy first
+  struct Row {
+    bool refused;
+    size_t in_flight;
+    size_t at_once;
+    bool copy_queued;
+    bool expected;
+  };
+  const Row rows[] = {
+      {true, 1, 2, true, true},     // a worker idle for want of room: free it
+      {true, 0, 2, true, true},     // both idle
+      {true, 2, 2, true, false},    // every worker busy: the read's copy is the engine's next work
+      {true, 3, 2, true, false},    // reads queued behind them too
+      {false, 1, 2, true, false},   // nothing was refused: the idle worker has nothing to read
+      {true, 1, 2, false, false},   // no copy to wait for (every slice waits for its read)
+      {false, 0, 1, false, false},  // nothing at all
+      {true, 3, 4, true, true},     // io_uring's depth: one of four idle
+  };
+  for (const Row& row : rows) {
+    EXPECT_EQ(free_room_first(row.refused, row.in_flight, row.at_once, row.copy_queued),
+              row.expected)
+        << row.refused << " " << row.in_flight << "/" << row.at_once << " " << row.copy_queued;
+  }
+}
+
+TEST(StagingStream, ARefusalWithEveryPieceWaitingForItsReadFreesNothingFirst) {
+  // On the CPU target a copy has finished when it returns, so the stream frees copied slices in
+  // submit itself: a refusal finds every slice waiting for its read, never a copy to wait for.
+  Fixture f;
+  DeviceStage stage(c10::Device(c10::DeviceType::CPU), 8192, 64, 0);
+  StagingStream stream(stage, *f.reads);
+  std::vector<uint8_t> destination(3 * 4096, 0);
+  EXPECT_FALSE(stream.idle_reader_waits_for_room());
+  ASSERT_TRUE(stream.submit(0, plan::align_range(0, 4096, 1), destination.data(), 1));
+  ASSERT_TRUE(stream.submit(0, plan::align_range(4096, 4096, 1), destination.data() + 4096, 2));
+  ASSERT_FALSE(stream.submit(0, plan::align_range(8192, 4096, 1), destination.data() + 8192, 3));
+  EXPECT_FALSE(stream.idle_reader_waits_for_room());
+  f.land(stream);  // its copy is done: the next submit reuses its slice
+  ASSERT_TRUE(stream.submit(0, plan::align_range(8192, 4096, 1), destination.data() + 8192, 3));
+  EXPECT_FALSE(stream.idle_reader_waits_for_room());
+  while (stream.waiting() > 0) f.land(stream);
+  stream.release_all();
+  EXPECT_EQ(std::memcmp(destination.data(), f.bytes.data(), destination.size()), 0);
+}
+
 }  // namespace
 }  // namespace instanttensor::loader

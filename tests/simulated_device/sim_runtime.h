@@ -143,8 +143,9 @@ struct Counters {
   uint64_t host_waits = 0;
   uint64_t host_syncs = 0;
   uint64_t pending_polls = 0;
-  // CPU time the streams' workers spent running queued work (copies, kernels, frees): what
-  // simulating the device costs the host's cores, which a GPU's engines would not.
+  // CPU time the streams' worker threads spent (running queued work: copies, kernels, frees;
+  // and waking for it, queue handling, waking the waiters), up to the end of the last operation
+  // each ran: what simulating the device costs the host's cores, which a GPU's engines would not.
   double worker_cpu_seconds = 0;
 };
 Counters counters();

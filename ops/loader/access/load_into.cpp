@@ -141,11 +141,14 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
       const uint64_t tag = read_tags::load_into(sequence++);
       while (!failed && !stream.submit(t.file_index, range, target.to + done, tag)) {
         // No room without a wait: queue the copies of the reads already done first, so the
-        // copy engine has work while the host waits; then wait for a read while any is in
-        // flight (the copies may finish meanwhile); only then for the oldest copy. The same
-        // order as the loader's passes (ReadPass::wait_until_landed).
+        // copy engine has work while the host waits; then free the oldest copied slice if a
+        // worker is idle for want of room; else wait for a read while any is in flight (the
+        // copies may finish meanwhile); only then for the oldest copy. The same order as the
+        // loader's passes (ReadPass::wait_until_landed).
         if (stream.waiting() > 0 && reads.done(stream.oldest_tag())) {
           land_oldest();
+        } else if (stream.idle_reader_waits_for_room()) {
+          stream.wait_oldest_copy();
         } else if (reads.in_flight() > 0) {
           reads.wait_one();
         } else if (!stream.wait_oldest_copy()) {

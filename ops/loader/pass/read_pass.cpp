@@ -137,6 +137,11 @@ void ReadPass::wait_until_landed(size_t g, size_t units) {
       throw Error(ErrorKind::Internal, plan_.file_of(plan_.first_tensor(g)),
                   plan_.first_tensor(g).name(), "waiting for a read that was never submitted");
     }
+    // A worker idle for want of staging room gets it back first: the copy queued earliest
+    // ends before any read that is not done yet would on a read-bound pass.
+    if (staging_ && staging_->idle_reader_waits_for_room() && staging_->wait_oldest_copy()) {
+      continue;
+    }
     reads_.wait_one();
     check_reads();
   }

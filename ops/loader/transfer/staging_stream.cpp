@@ -37,10 +37,12 @@ bool StagingStream::submit(size_t file_index, const plan::AlignedRange& range, u
     if (staging.regions().size() <= waiting_.size() ||
         !staging.regions().front().readers_done.passed("staging_reuse")) {
       reads_.timeline().instant(PassTimeline::Kind::StagingFull, range.span);
+      refused_ = true;
       return false;
     }
     release_oldest_slice();
   }
+  refused_ = false;
   reads_.timeline().instant(PassTimeline::Kind::StagingPlaced, range.span, tag);
   // Waiting before it is submitted: a submit that fails after queueing some pieces leaves
   // them to the caller's drain of the waiting slices, before the ring is freed.
@@ -70,6 +72,15 @@ CopyFence StagingStream::copy_oldest() {
   return copied;
 }
 
+bool free_room_first(bool refused, size_t reads_in_flight, size_t reads_at_once, bool copy_queued) {
+  return refused && copy_queued && reads_in_flight < reads_at_once;
+}
+
+bool StagingStream::idle_reader_waits_for_room() const {
+  return free_room_first(refused_, reads_.in_flight(), reads_.reads_at_once(),
+                         stage_.staging().regions().size() > waiting_.size());
+}
+
 bool StagingStream::wait_oldest_copy() {
   if (stage_.staging().regions().size() <= waiting_.size()) return false;
   TimelineSpan waited(reads_.timeline(), PassTimeline::Kind::CopyWait);
@@ -81,6 +92,7 @@ void StagingStream::drop_oldest() { waiting_.pop_front(); }
 
 void StagingStream::release_all() {
   waiting_.clear();
+  refused_ = false;
   while (!stage_.staging().regions().empty()) release_oldest_slice();
 }
 

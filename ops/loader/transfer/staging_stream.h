@@ -13,6 +13,15 @@
 
 namespace instanttensor::loader {
 
+// The consumer is about to block and may wait for a read or for the oldest copy. Freeing the
+// copied slice first is right when a read was refused room since the ring last gave any
+// (`refused`), a worker is idle (`reads_in_flight` < `reads_at_once`) and a copy is queued
+// (`copy_queued`): waiting for a read instead leaves that worker idle until the consumer's
+// thread next wakes, though the copy ended long before (read-bound passes stalled 1-5 ms at a
+// time so on the simulated device, 2026-12-07). Else the read: its copy is the next work for
+// the engine. Pure; any thread.
+bool free_room_first(bool refused, size_t reads_in_flight, size_t reads_at_once, bool copy_queued);
+
 class StagingStream {
  public:
   // `stage` and `reads` outlive this object. Consumer thread only. `slice_bytes` > 0: the
@@ -34,6 +43,9 @@ class StagingStream {
   // Blocks the host until the oldest slice whose copy is queued has been read by it and frees
   // that slice; false (no wait) when no slice has a copy queued.
   bool wait_oldest_copy();
+  // Whether a consumer about to block should wait for the oldest copy first (then with
+  // wait_oldest_copy()): free_room_first() of this stream's state.
+  bool idle_reader_waits_for_room() const;
   // Slices submitted and not yet copied (or dropped), oldest first.
   size_t waiting() const { return waiting_.size(); }
   uint64_t oldest_tag() const { return waiting_.front().tag; }
@@ -61,6 +73,7 @@ class StagingStream {
   DeviceStage& stage_;
   ReadScheduler& reads_;
   std::deque<Slice> waiting_;  // the ring's newest regions, in the same order
+  bool refused_ = false;       // the last submit found no room
 };
 
 }  // namespace instanttensor::loader
