@@ -39,7 +39,7 @@ void arm_faults(const FaultPlan& new_plan) {
   plan = new_plan;
   calls = 0;
   uring_submits = 0;
-  gate_open = !new_plan.hold_reads;
+  gate_open = !new_plan.hold_reads && new_plan.hold_read_number == 0;
   armed.store(true);
   gate_changed.notify_all();
 }
@@ -72,7 +72,7 @@ int injected_fault(uint64_t* length) {
     current = plan;
     call = ++calls;
   }
-  if (current.hold_reads) pass_gate();
+  if (current.hold_reads || current.hold_read_number == call) pass_gate();
   if (current.delay_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(current.delay_ms));
   if (current.fail_read_number == call) return current.fail_errno;

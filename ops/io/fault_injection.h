@@ -22,6 +22,9 @@ struct FaultPlan {
   // Every read call waits before reading until release_held_reads() (a gate the test opens, so
   // it can act while a load is surely underway).
   bool hold_reads = false;
+  // Only the Nth read call (1-based) waits at that gate; 0: none (hold_reads holds them all).
+  // For the pread workers: io_uring injects its faults in the consumer's own wait.
+  int64_t hold_read_number = 0;
   // Every madvise of this advice (MADV_DONTNEED, ...; -1: any) is refused with refuse_errno
   // instead of made (io/memory_advice.h); 0: never (so MADV_NORMAL, which is 0, is refused
   // only with the rest, by -1).

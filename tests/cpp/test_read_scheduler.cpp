@@ -50,7 +50,10 @@ TEST_P(ReadSchedulerTest, TagsCompleteWhenEveryPieceHasLanded) {
   EXPECT_EQ(std::memcmp(b.data(), file.bytes.data() + 12345, b.size()), 0);
   EXPECT_FALSE(reads.failure(read_tags::group(0)));
   EXPECT_FALSE(reads.first_failed_tag());
+  EXPECT_TRUE(reads.succeeded(read_tags::group(0)));
+  EXPECT_FALSE(reads.succeeded(read_tags::group(7)));  // unknown: not known to have succeeded
   reads.forget(read_tags::group(0));
+  EXPECT_FALSE(reads.succeeded(read_tags::group(0)));  // forgotten: its bytes are the caller's
   reads.forget(read_tags::share(0));
   EXPECT_EQ(stats.bytes_read, a.size() + b.size());
   EXPECT_EQ(reads.in_flight(), 0u);
@@ -77,6 +80,8 @@ TEST_P(ReadSchedulerTest, AFailedReadIsReportedForItsTagAloneUntilForgotten) {
   // Exactly one tag failed; once forgotten, nothing is reported.
   const uint64_t other = *failed == read_tags::group(5) ? read_tags::share(3) : read_tags::group(5);
   EXPECT_FALSE(reads.failure(other));
+  EXPECT_FALSE(reads.succeeded(*failed));
+  EXPECT_TRUE(reads.succeeded(other));
   reads.forget(*failed);
   EXPECT_FALSE(reads.first_failed_tag());
 }

@@ -3,6 +3,7 @@
 // read into a small staging ring are copied to their destinations in submission order, the oldest
 // copied slice is freed to make room, a full ring of waiting slices refuses more, and a dropped
 // slice is never copied.
+#include <c10/util/ScopeExit.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "helper_files.h"
+#include "io/fault_injection.h"
 #include "io/io_setup.h"
 #include "loader/reads/read_scheduler.h"
 #include "loader/reads/read_tags.h"
@@ -130,6 +132,44 @@ TEST(StagingStream, SlicesStayUnderTheLimitTheBackendNeedsAndALargerReadTakesThe
   f.land(stream);
   stream.release_all();
   EXPECT_EQ(std::memcmp(large.data(), f.bytes.data(), large.size()), 0);
+}
+
+TEST(StagingStream, ASlowReadHoldsOnlyItsOwnSliceNotTheOnesBehindIt) {
+  Fixture f;
+  DeviceStage stage(c10::Device(c10::DeviceType::CPU), 3 * 4096, 64, 0);  // three slices
+  StagingStream stream(stage, *f.reads);
+  io::FaultPlan plan;
+  plan.hold_read_number = 1;  // the first read call waits at a gate the test opens
+  io::arm_faults(plan);
+  auto disarm = c10::make_scope_exit([] { io::disarm_faults(); });
+  std::vector<uint8_t> destination(4 * 4096, 0);
+  auto submit = [&](uint64_t slice) {
+    return stream.submit(0, plan::align_range(slice * 4096, 4096, 1),
+                         destination.data() + slice * 4096, read_tags::load_into(slice));
+  };
+  ASSERT_TRUE(submit(0));
+  io::wait_for_held_read();  // slice 0's read is the one held
+  ASSERT_TRUE(submit(1));
+  ASSERT_TRUE(submit(2));
+  EXPECT_FALSE(submit(3));  // every slice is taken
+  f.reads->wait_one();      // slices 1 and 2, read by the other worker
+  f.reads->wait_one();
+  ASSERT_TRUE(f.reads->done(read_tags::load_into(1)) && f.reads->done(read_tags::load_into(2)));
+  ASSERT_FALSE(f.reads->done(read_tags::load_into(0)));
+  // Copied ahead of slice 0, their memory is free at once (a CPU copy has ended when queued):
+  // the slow read holds its own slice only. A ring freed oldest first refused here.
+  stream.copy_ready();
+  ASSERT_TRUE(submit(3));
+  // Taking them in order later does not copy them again: bytes changed since stay changed.
+  std::memset(destination.data() + 4096, 0xEE, 4096);
+  io::release_held_reads();
+  for (int slice = 0; slice < 4; ++slice) f.land(stream);
+  stream.release_all();
+  EXPECT_EQ(std::memcmp(destination.data(), f.bytes.data(), 4096), 0);
+  EXPECT_EQ(destination[4096], 0xEE);
+  EXPECT_EQ(destination[2 * 4096 - 1], 0xEE);
+  EXPECT_EQ(std::memcmp(destination.data() + 2 * 4096, f.bytes.data() + 2 * 4096, 2 * 4096), 0);
+  EXPECT_TRUE(stage.staging().regions().empty());
 }
 
 TEST(StagingStream, AConsumerFreesRoomFirstOnlyForAnIdleWorkerAndAQueuedCopy) {

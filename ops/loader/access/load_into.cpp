@@ -147,7 +147,10 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
         // loader's passes (ReadPass::wait_until_landed).
         if (stream.waiting() > 0 && reads.done(stream.oldest_tag())) {
           land_oldest();
-        } else if (stream.idle_reader_waits_for_room()) {
+          continue;
+        }
+        if (!failed) stream.copy_ready();  // reads done behind a slow one: copied, room freed
+        if (stream.idle_reader_waits_for_room()) {
           stream.wait_oldest_copy();
         } else if (reads.in_flight() > 0) {
           reads.wait_one();

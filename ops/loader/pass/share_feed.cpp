@@ -31,7 +31,9 @@ bool ShareFeed::submit(size_t g, GroupState& state) {
     if (share.nbytes > 0) {
       auto range =
           plan::align_range(group.file_offset + group_offset, share.nbytes, plan_.io_alignment);
-      share.tag = read_tags::share(sequence_);
+      // Counted before the submit: one that throws after queueing some pieces leaves its tag
+      // to them, never to a later share.
+      share.tag = read_tags::share(sequence_++);
       if (staging_) {
         if (!staging_->submit(group.file_index, range, state.dest + group_offset, share.tag)) {
           return false;
@@ -42,7 +44,6 @@ bool ShareFeed::submit(size_t g, GroupState& state) {
         // group's aligned span, and only ever writes the file's own bytes there).
         reads_.submit(group.file_index, range, state.dest + group_offset - range.prefix, share.tag);
       }
-      ++sequence_;
     }
     submitted_.push_back(share);
     state.units_submitted += 1;
@@ -55,7 +56,16 @@ std::optional<Error> ShareFeed::land(PassState& pass, size_t /*waited*/) {
     Share& share = submitted_.front();
     GroupState& state = pass.groups[share.group];
     if (share.nbytes > 0) {
-      if (!reads_.done(share.tag)) return std::nullopt;
+      if (!reads_.done(share.tag)) {
+        // The later shares' reads that are done go to the engine now, and their staging is
+        // reused as soon as they are copied: a slow read holds up only its own slice.
+        if (staging_) {
+          auto start = Clock::now();
+          staging_->copy_ready();
+          stats_.copy_seconds += seconds_since(start);
+        }
+        return std::nullopt;
+      }
       auto failure = reads_.failure(share.tag);
       reads_.forget(share.tag);
       if (failure) {

@@ -105,6 +105,11 @@ bool ReadScheduler::done(uint64_t tag) const {
   return found == tags_.end() || found->second.pending == 0;
 }
 
+bool ReadScheduler::succeeded(uint64_t tag) const {
+  auto found = tags_.find(tag);
+  return found != tags_.end() && found->second.pending == 0 && !found->second.failure;
+}
+
 std::optional<ReadFailure> ReadScheduler::failure(uint64_t tag) const {
   auto found = tags_.find(tag);
   if (found == tags_.end()) return std::nullopt;

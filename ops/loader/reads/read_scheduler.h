@@ -50,6 +50,9 @@ class ReadScheduler {
   void wait_one();
   // Every piece submitted under `tag` has completed (true for a tag never submitted).
   bool done(uint64_t tag) const;
+  // Every piece of `tag` completed without a failure, and the tag is still tracked (submitted,
+  // not forgotten): its bytes are in place. False for a tag unknown or forgotten.
+  bool succeeded(uint64_t tag) const;
   // The first failure among the completed pieces of `tag`, if any.
   std::optional<ReadFailure> failure(uint64_t tag) const;
   // The smallest tag with a failed read not yet forgotten, if any.

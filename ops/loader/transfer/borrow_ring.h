@@ -81,6 +81,8 @@ class BorrowRing {
 
   uint64_t bytes_in_use() const { return in_use_; }
   uint64_t capacity() const { return capacity_; }
+  // Every region starts at a multiple of this (a power of two).
+  uint64_t alignment() const { return alignment_; }
   // Regions are placed in the first `limit` bytes only, so memory the platform faults in lazily
   // is touched only as far as the load needs. Until the first call, all of the ring; the first
   // call sets the limit, later ones only raise it; any time. limit(): the one in force (at most
