@@ -18,10 +18,10 @@ mincore); figures are medians. Per mode and setting:
   GB/s            checkpoint bytes / (open .. last byte on the device, after a synchronize)
   ratio_to_bound  GB/s / min(read rate, copy bandwidth, host CPU bound); the read rate is
                   measured alone in the same run: buffered reads by 2 threads into a staging
-                  ring of its own, no copies (cold: the faster of that and the same by as many
-                  threads as the loader reads with, 4, each from an evicted page cache: a
-                  ceiling is the best read by any method). That ring is allocated inside the
-                  read's timing,
+                  ring of its own, no copies (cold: the fastest of that, buffered reads by as
+                  many threads as the loader reads with, 4, and O_DIRECT reads by 4, each from
+                  an evicted page cache: a ceiling is the best read by any method). That ring
+                  is allocated inside the read's timing,
                   as the loader's is (a load in a fresh process faults fresh staging memory: a
                   GPU pins it, the simulated device's pinned memory is faulted as it is first
                   written), as large as what the loader's staging uses by default (on 2
@@ -138,10 +138,11 @@ def _fresh_ring(device: str, nbytes: int):
     return numpy.frombuffer(block, dtype=numpy.uint8)
 
 
-def _read_alone(files: list[str], ring, threads: int = 2) -> None:
-    """Buffered reads by `threads` threads, 8 MiB each, in turn into the slots of `ring` (at
-    least the staging the loader uses: a smaller buffer read over and over stays in the CPU's
-    caches and would read faster than any pipeline can), no copies."""
+def _read_alone(files: list[str], ring, threads: int = 2, direct: bool = False) -> None:
+    """Reads by `threads` threads, 8 MiB each (buffered, or with O_DIRECT: the ring's slots are
+    page-aligned), in turn into the slots of `ring` (at least the staging the loader uses: a
+    smaller buffer read over and over stays in the CPU's caches and would read faster than any
+    pipeline can), no copies."""
     chunk = READ_CHUNK
     jobs = []
     for path in files:
@@ -160,7 +161,8 @@ def _read_alone(files: list[str], ring, threads: int = 2) -> None:
                 path, offset = jobs.pop(0)
                 slot = slots[turn[0] % len(slots)]
                 turn[0] += 1
-            fd = fds.get(path) or fds.setdefault(path, os.open(path, os.O_RDONLY))
+            fd = fds.get(path) or fds.setdefault(
+                path, os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0)))
             os.preadv(fd, [slot], offset)
         for fd in fds.values():
             os.close(fd)
@@ -266,20 +268,23 @@ def _sample(spec: dict) -> dict:
             start = time.perf_counter()
             _read_alone(files, ring)
             result["touched_ring_seconds"] = time.perf_counter() - start
-        elif _reads_at_once("cold") != 2:
-            # The ceiling is the best read by any method: also as many threads as the loader
-            # reads with cold (2 threads alone fell 30-40% short of the loader's own cold rate
-            # on this machine's disk, 2026-12-07), from an evicted cache again.
-            result["two_threads_seconds"] = result["seconds"]
-            _evict(files)
-            cpu_start, start = time.process_time(), time.perf_counter()
-            _read_alone(files, _fresh_ring(spec["device"], _read_ring_bytes(spec["device"],
-                                                                           "cold")),
-                        _reads_at_once("cold"))
-            result["loader_threads_seconds"] = time.perf_counter() - start
-            if result["loader_threads_seconds"] < result["seconds"]:
-                result["seconds"] = result["loader_threads_seconds"]
-                result["cpu_seconds"] = time.process_time() - cpu_start
+        else:
+            # The ceiling is the best read by any method, each from an evicted cache: also as
+            # many threads as the loader reads with cold, buffered and O_DIRECT (2 buffered
+            # threads alone fell 30-40% short of the loader's own cold rate on this machine's
+            # disk, whose O_DIRECT reads were twice as fast as buffered ones, 2026-12-07).
+            result["methods"] = {"buffered x2": result["seconds"]}
+            threads = _reads_at_once("cold")
+            for name, direct in ((f"buffered x{threads}", False), (f"O_DIRECT x{threads}", True)):
+                _evict(files)
+                cpu_start, start = time.process_time(), time.perf_counter()
+                _read_alone(files, _fresh_ring(spec["device"], _read_ring_bytes(spec["device"],
+                                                                               "cold")),
+                            threads, direct)
+                result["methods"][name] = time.perf_counter() - start
+                if result["methods"][name] < result["seconds"]:
+                    result["seconds"] = result["methods"][name]
+                    result["cpu_seconds"] = time.process_time() - cpu_start
         return result
     if spec["mode"] == "into":
         with instanttensor.safe_open(files, device="cpu") as meta:
@@ -469,6 +474,12 @@ def run(args) -> dict:
             touched = [s["touched_ring_seconds"] for s in samples[(setting, cache, "read")]
                        if "touched_ring_seconds" in s]
             touched_gbps = total / _median(touched) / 1e9 if touched else None
+            # Cold: each method's median rate, the bound being the best sample's method.
+            method_samples: dict = {}
+            for s in samples[(setting, cache, "read")]:
+                for name, value in s.get("methods", {}).items():
+                    method_samples.setdefault(name, []).append(total / value / 1e9)
+            methods_gbps = {name: _median(v) for name, v in method_samples.items()}
             copy_gbps = gbps if args.device != "cuda" else _pinned_h2d_gbps()
             for mode in MODES[1:]:
                 runs = samples[(setting, cache, mode)]
@@ -486,6 +497,7 @@ def run(args) -> dict:
                          "bound_by": bound_by, "cpu_bound_gbps": cpu_gbps,
                          "host_cpu_seconds": {"reads": read_cpu, "simulator": sim_cpu},
                          "read_touched_ring_gbps": touched_gbps,
+                         "read_alone_methods_gbps": methods_gbps,
                          "seconds": seconds, "gbps": total / seconds / 1e9,
                          "ratio_to_bound": total / seconds / 1e9 / bound,
                          "samples_seconds": [s["seconds"] for s in runs],
@@ -550,12 +562,16 @@ def print_table(result: dict) -> None:
     print(f"checkpoint: {result['checkpoint_bytes'] / 1e9:.2f} GB in {result['files']} files, "
           f"device {result['device']}, medians of {result['samples']}, {os.cpu_count()} cores")
     print("| setting | cache | mode | GB/s | bound GB/s (by) | ratio | host CPU bound GB/s "
-          "(simulator CPU s) | read alone, touched ring GB/s | host cores busy (read alone) "
+          "(simulator CPU s) | read alone GB/s: warm, into a touched ring; cold, by method "
+          "| host cores busy (read alone) "
           "| host waits (syncs) in pass | at end | loader device peak MiB | pinned peak MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for e in result["entries"]:
         touched = e.get("read_touched_ring_gbps")
         touched = "-" if touched is None else f"{touched:.2f}"
+        if e.get("read_alone_methods_gbps"):
+            touched = ", ".join(f"{name} {gbps:.2f}"
+                                for name, gbps in e["read_alone_methods_gbps"].items())
         waits = "- | -" if e["host_waits_in_pass"] is None else \
             f"{e['host_waits_in_pass']:.0f} ({e['host_syncs_in_pass']:.0f}) | " \
             f"{e['host_waits_at_end']:.0f} ({e['host_syncs_at_end']:.0f})"
