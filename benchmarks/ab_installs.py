@@ -62,7 +62,9 @@ def warm(files: list[str]) -> None:
 def _device_pipeline_sample(python: str, mode: str, cache: str, files: list[str],
                             gbps: float) -> float:
     """One sample of benchmarks/device_pipeline.py onto the simulated device, by `python`."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device_pipeline.py")
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "device_pipeline.py")
+    os.environ.setdefault("INSTANTTENSOR_CMAKE_BUILD_DIR", os.path.join(here, "..", "build"))
     spec = {"mode": mode, "cache": cache, "files": files, "device": "simdev",
             "h2d_gbps": gbps, "d2h_gbps": gbps, "latency_us": 10.0, "options": {}}
     done = subprocess.run([python, script, "--worker", json.dumps(spec)], capture_output=True,

@@ -37,7 +37,7 @@ struct FaultPlan {
 // counter. disarm_faults() restores normal reads.
 void arm_faults(const FaultPlan& plan);
 void disarm_faults();
-// With hold_reads armed: blocks until a read call is waiting at the gate.
+// With hold_reads or hold_read_number armed: blocks until a read call is waiting at the gate.
 void wait_for_held_read();
 // Opens the gate: waiting and later read calls go on (until the next arm_faults). Also done by
 // disarm_faults().

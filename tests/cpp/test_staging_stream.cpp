@@ -1,8 +1,8 @@
 // DeviceStage and the StagingStream (loader/transfer/device_stage.h,
 // loader/transfer/staging_stream.h) with a CPU target, the same code an accelerator runs: slices
-// read into a small staging ring are copied to their destinations in submission order, the oldest
-// copied slice is freed to make room, a full ring of waiting slices refuses more, and a dropped
-// slice is never copied.
+// read into a small staging ring reach their destinations and are taken in submission order; a
+// slice whose read is done is copied ahead of an older one still reading and its memory reused;
+// a full ring of waiting slices refuses more; a dropped slice is never copied.
 #include <c10/util/ScopeExit.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>

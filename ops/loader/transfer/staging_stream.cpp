@@ -31,10 +31,12 @@ StagingStream::StagingStream(DeviceStage& stage, ReadScheduler& reads, uint64_t 
 bool StagingStream::ensure_region(uint64_t span) {
   BorrowRing& staging = stage_.staging();
   if (region_ != nullptr && staging.regions().empty()) {
-    // The stage freed its ring (DeviceStage::close): nothing of the old region is left.
+    // The stage freed its ring (DeviceStage::close, after the reads were drained): nothing of
+    // the old region is left.
     region_ = nullptr;
     free_.clear();
     held_.clear();
+    waiting_.clear();
   }
   span = round_up(span, staging.alignment());  // what allocate() takes
   if (region_ != nullptr && span <= region_bytes_) return true;
