@@ -28,6 +28,13 @@ void hold_reads() {
   instanttensor::io::arm_faults(plan);
 }
 
+// Only the `nth` read call from now on waits at the gate until release_held_reads().
+void hold_read(int64_t nth) {
+  instanttensor::io::FaultPlan plan;
+  plan.hold_read_number = nth;
+  instanttensor::io::arm_faults(plan);
+}
+
 // Blocks until a read call waits at the gate (returns at once if the gate is open).
 void wait_for_held_read() { instanttensor::io::wait_for_held_read(); }
 
@@ -52,6 +59,7 @@ TORCH_LIBRARY(instanttensor_testing, m) {
   m.def("disarm_faults() -> ()", &disarm_faults);
   m.def("arm_advice_refusal(int advice, int error) -> ()", &arm_advice_refusal);
   m.def("hold_reads() -> ()", &hold_reads);
+  m.def("hold_read(int nth) -> ()", &hold_read);
   m.def("wait_for_held_read() -> ()", &wait_for_held_read);
   m.def("release_held_reads() -> ()", &release_held_reads);
 }

@@ -10,6 +10,8 @@ import gc
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -106,6 +108,61 @@ def test_every_tensor_arrives_through_a_wrapping_staging_ring_with_slow_copies(a
         for name, tensor in f.tensors():
             assert tensor.device == accel.current(), name
             assert same_bytes(on_host(tensor), tensors[name]), name
+
+
+@pytest.mark.skipif(KIND != "simdev", reason="holds one read, slows the copies: simulated device "
+                    "only")
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_tensor_whose_slices_were_copied_out_of_order_arrives_whole(accel, tmp_path, copy):
+    # One 10 MiB tensor read in 1 MiB slices by 2 workers (over 8 MiB: not read inline); the
+    # second read call is held while the slices behind it are read and copied ahead of it
+    # (copy_ready). The held one is copied last: the tensor handed out must wait for that copy
+    # too, not only for its own last slice's.
+    torch.ops.load_library(fault_library())
+    testing = torch.ops.instanttensor_testing
+    torch.manual_seed(3)
+    weight = torch.randn((10 << 20) // 4)
+    path = str(tmp_path / "one.safetensors")
+    reference_save({"w": weight}, path)
+    simulated_device.set_timing(0.05, 0.05, 10)  # a 1 MiB copy holds the engine 21 ms
+    simulated_device.reset_engine_stats()
+    delays = torch.ops.simdev.delays()
+    simulated_device.set_delays(False)  # the order below is the test's own
+    got, failures = {}, []
+
+    def load():
+        try:
+            with instanttensor.safe_open(path, device="simdev:0", copy=copy, backend="pread",
+                                         concurrency=2, chunk_size=1 << 20,
+                                         staging_size=16 << 20) as f:
+                for name, tensor in f.tensors():
+                    got[name] = on_host(tensor)
+        except BaseException as error:  # noqa: BLE001  (reported by the main thread)
+            failures.append(error)
+
+    testing.hold_read(2)  # the second read call: the first or second slice
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+        testing.wait_for_held_read()
+        # The consumer books the reads behind the held one while it waits for it, and queues
+        # their copies: all nine others run on the engine ahead of it.
+        deadline = time.monotonic() + 60
+        while simulated_device.engine_stats(0, True)["copies"] < 9:
+            assert time.monotonic() < deadline, "the slices behind the held read were not copied"
+            os.sched_yield()
+        # The held slice's copy, queued once its read is let go, runs at least 30 ms late on the
+        # stalled loader's stream; the consumer's stream stays idle and reads at once unless the
+        # tensor's fence covers that copy.
+        torch.ops.simdev.stall_pool_streams(accel.module.current_device(), 30_000)
+    finally:
+        testing.release_held_reads()
+        thread.join()
+        testing.disarm_faults()
+        simulated_device.set_timing(0, 0, 0)
+        simulated_device.set_delays(delays)
+    assert not failures, failures
+    assert same_bytes(got["w"], weight)
 
 
 @pytest.mark.parametrize("index", [0, 1])
