@@ -149,7 +149,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
           land_oldest();
           continue;
         }
-        if (!failed) stream.copy_ready();  // reads done behind a slow one: copied, room freed
+        stream.copy_ready();  // reads done behind a slow one: copied, their room freed
         if (stream.idle_reader_waits_for_room()) {
           stream.wait_oldest_copy();
         } else if (reads.in_flight() > 0) {

@@ -33,10 +33,9 @@ bool StagingStream::ensure_region(uint64_t span) {
   if (region_ != nullptr && staging.regions().empty()) {
     // The stage freed its ring (DeviceStage::close, after the reads were drained): nothing of
     // the old region is left.
-    region_ = nullptr;
-    free_.clear();
     held_.clear();
     waiting_.clear();
+    drop_region();
   }
   span = round_up(span, staging.alignment());  // what allocate() takes
   if (region_ != nullptr && span <= region_bytes_) return true;
@@ -44,9 +43,7 @@ bool StagingStream::ensure_region(uint64_t span) {
     // A read larger than the region (a caller whose slices exceed the one it stated): once
     // nothing is in the region, it is placed again as large as the ring.
     if (!waiting_.empty() || !held_.empty()) return false;
-    staging.release_oldest();
-    region_ = nullptr;
-    free_.clear();
+    drop_region();
   }
   if (span > staging.limit() && staging.limit() < staging.capacity()) {
     staging.raise_limit(staging.capacity());
@@ -64,6 +61,13 @@ bool StagingStream::ensure_region(uint64_t span) {
   if (region_ == nullptr) return false;
   free_ = {{0, region_bytes_}};
   return true;
+}
+
+void StagingStream::drop_region() {
+  // The region is the ring's only one, unless the stage already freed the ring.
+  if (region_ != nullptr && !stage_.staging().regions().empty()) stage_.staging().release_oldest();
+  region_ = nullptr;
+  free_.clear();
 }
 
 std::optional<uint64_t> StagingStream::allocate(uint64_t span) {
@@ -213,11 +217,7 @@ void StagingStream::release_all() {
   forget_waiting();
   while (wait_oldest_copy()) {
   }
-  if (region_ != nullptr && !stage_.staging().regions().empty()) {
-    stage_.staging().release_oldest();  // every copy that read it has ended
-  }
-  region_ = nullptr;
-  free_.clear();
+  drop_region();  // every copy that read it has ended
   refused_ = false;
   taken_copy_number_ = 0;
   taken_fence_ = CopyFence();

@@ -91,6 +91,8 @@ class StagingStream {
   };
   // The staging region: [0, region_bytes_) of region_, placed on the first submit.
   bool ensure_region(uint64_t span);
+  // Gives the region back to the ring (when nothing reads or copies from it any more).
+  void drop_region();
   std::optional<uint64_t> allocate(uint64_t span);
   void free_memory(uint64_t offset, uint64_t span);
   void reclaim_finished_copies();
