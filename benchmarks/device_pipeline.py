@@ -38,9 +38,10 @@ mincore); figures are medians. Per mode and setting:
   pinned peak     pinned host bytes the loader held
 A 2-rank row (simulated device, copy=True, warm): each rank on its own device in a device group
 ("cpu:gloo,simdev:simccl", vLLM's shape), its GB/s against one rank alone. The simulated
-collectives carry the control messages through host memory (gloo); a unit's gather takes the
-copy engines' time for its bytes both ways and a rendezvous of the ranks (a machine without
-NVLink, where the gathered bytes cross each rank's host bus).
+collectives carry the control messages through host memory (gloo) and run on a stream of their
+own, as NCCL's do; a unit's gather takes a rendezvous of the ranks, then each copy engine's time
+for its bytes, both directions at once (a machine without NVLink, where the gathered bytes cross
+each rank's host bus and NCCL's ring sends while it receives).
 
 What the figures model and what they do not: the pipeline's structure (what overlaps with what,
 what waits on what, what memory it holds) with a copy engine of the given speed. Not the H200's

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <utility>
 
 #include "sim_allocators.h"
@@ -137,8 +138,15 @@ c10::intrusive_ptr<c10d::Work> CollectiveBackend::launch(c10::DeviceIndex device
     in_flight_ += 1;
   }
   changed_.notify_all();
-  c10::Stream stream = current_stream(device);
-  uint64_t sequence = stream_of(stream).enqueue([job] {
+  // NCCL's order: the collective runs on a stream of its own once the caller's stream has run
+  // what was queued on it so far; the caller's stream goes on (work queued on it later does
+  // not wait for the collective unless the caller waits for the work).
+  Stream& caller = stream_of(current_stream(device));
+  Stream& own = simdev::stream(device, kCollectiveStream);
+  const uint64_t queued = caller.enqueued();
+  own.enqueue([&caller, queued] { caller.wait_for(queued); });
+  c10::Stream stream = own.handle();
+  uint64_t sequence = own.enqueue([job] {
     std::unique_lock<std::mutex> lock(job->mutex);
     job->reached = true;
     job->changed.notify_all();
@@ -256,12 +264,18 @@ c10::intrusive_ptr<c10d::Work> CollectiveBackend::_allgather_base(
   return launch(simccl_device_of(in), c10d::OpType::_ALLGATHER_BASE,
                 [host, out, in, options, rank, in_place] {
                   if (!moves(out.nbytes())) {
-                    // Benchmarks (sim_runtime.h): the copy engines' time and a rendezvous of
-                    // the ranks, no bytes.
-                    engine_time(simccl_device_of(in), Direction::DeviceToHost, in.nbytes());
+                    // Benchmarks (sim_runtime.h): a rendezvous of the ranks, then the copy
+                    // engines' time, no bytes. Both directions at once: NCCL's ring over the
+                    // host bus sends this rank's slice while it receives the others', in
+                    // pipelined chunks, so a gather holds each engine for its own bytes, not
+                    // for their sum.
                     host->barrier(c10d::BarrierOptions())->wait();
+                    auto sent = std::async(std::launch::async, [&] {
+                      engine_time(simccl_device_of(in), Direction::DeviceToHost, in.nbytes());
+                    });
                     engine_time(simccl_device_of(out), Direction::HostToDevice,
                                 out.nbytes() - (in_place ? in.nbytes() : 0));
+                    sent.get();
                     return;
                   }
                   at::Tensor mine = download(in);
@@ -297,8 +311,8 @@ c10::intrusive_ptr<c10d::Work> CollectiveBackend::barrier(const c10d::BarrierOpt
   auto host = host_;
   auto work = launch(current_device(), c10d::OpType::BARRIER,
                      [host, options] { host->barrier(options)->wait(); }, {});
-  stream_of(current_stream(current_device())).synchronize();
   work->wait();
+  stream_of(current_stream(current_device())).synchronize();
   return work;
 }
 

@@ -233,7 +233,7 @@ c10::Stream pool_stream(c10::DeviceIndex device) {
 
 c10::Stream new_stream(c10::DeviceIndex device) {
   uint32_t n = next_new_stream.fetch_add(1);
-  constexpr int kNewStreams = kStreamsPerDevice - 1 - kPoolStreams;
+  constexpr int kNewStreams = kCollectiveStream - 1 - kPoolStreams;
   return stream(device, static_cast<c10::StreamId>(1 + kPoolStreams + n % kNewStreams)).handle();
 }
 

@@ -24,10 +24,14 @@ namespace simdev {
 
 constexpr int kDeviceCount = 2;
 // Stream ids per device: 0 the default stream; 1..kPoolStreams the pool (what the loader takes,
-// getStreamFromGlobalPool); the rest for getNewStream (a test's torch.Stream), so a consumer's
-// stream never is the loader's by chance and ordering between them must come from events.
-constexpr int kStreamsPerDevice = 8;
+// getStreamFromGlobalPool); the rest but the last for getNewStream (a test's torch.Stream), so a
+// consumer's stream never is the loader's by chance and ordering between them must come from
+// events; the last, kCollectiveStream.
+constexpr int kStreamsPerDevice = 9;
 constexpr int kPoolStreams = 3;
+// The last stream id: the simulated collectives' own stream (NCCL's internal stream), which
+// nothing else hands out.
+constexpr c10::StreamId kCollectiveStream = kStreamsPerDevice - 1;
 constexpr uint64_t kDeviceCapacity = 8ull << 30;  // what mem_get_info reports as total
 
 // The host address behind a device address (and back: the mapping is its own inverse).
