@@ -25,6 +25,11 @@ uint64_t staging_slice_bytes(uint64_t chunk_size, uint64_t staging_bytes, uint64
   return std::max(alignment, slice / alignment * alignment);
 }
 
+uint64_t exchange_share_bytes(uint64_t piece, int world) {
+  if (world <= 1 || piece == 0) return piece;
+  return piece * std::clamp<uint64_t>(kExchangeShareBytes / piece, 1, kExchangePieces);
+}
+
 MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
                        const std::string& file) {
   const bool exchanging = in.world > 1;
@@ -52,7 +57,7 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
   const uint64_t count = in.tensor_bytes.size();
   const uint64_t read_ahead = std::max<uint64_t>(std::min(total, kReadAheadBytes), 1);
   MemoryPlan plan;
-  plan.layout = UnitLayout(in.chunk_size, in.world);
+  plan.layout = UnitLayout(exchange_share_bytes(in.chunk_size, in.world), in.world);
   const uint64_t padding = exchanging ? plan.layout.padding() : 0;
 
   if (!in.staged) {
@@ -82,9 +87,9 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
   // Staging: a few chunks, whatever the checkpoint; large tensors stream through in slices.
   plan.staging_bytes = staging_ring_bytes(in.staging_size, file);
   // A share of a unit, widened for O_DIRECT, takes at most half the staging ring.
-  plan.layout = UnitLayout(
-      staging_slice_bytes(in.chunk_size, plan.staging_bytes, UnitLayout::kSliceAlignment),
-      in.world);
+  plan.staging_slice =
+      staging_slice_bytes(in.chunk_size, plan.staging_bytes, UnitLayout::kSliceAlignment);
+  plan.layout = UnitLayout(exchange_share_bytes(plan.staging_slice, in.world), in.world);
   if (in.copy && !exchanging) {
     // Owned device tensors: buffer_size bounds the device bytes allocated ahead of the consumer.
     plan.buffer_size = std::min(in.buffer_size ? in.buffer_size : read_ahead, in.device_budget);

@@ -8,10 +8,9 @@ namespace instanttensor::plan {
 
 using plan::round_up;
 
-UnitLayout::UnitLayout(uint64_t chunk_size, int world_size) : world(world_size) {
+UnitLayout::UnitLayout(uint64_t share_bytes, int world_size) : world(world_size) {
   uint64_t step = static_cast<uint64_t>(world) * kSliceAlignment;
-  // One slice per rank of about chunk_size bytes: each rank reads a chunk per unit.
-  unit_bytes = std::max<uint64_t>(1, chunk_size / kSliceAlignment) * step;
+  unit_bytes = std::max<uint64_t>(1, share_bytes / kSliceAlignment) * step;
 }
 
 size_t UnitLayout::unit_count(uint64_t group_bytes) const {

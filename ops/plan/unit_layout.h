@@ -14,7 +14,8 @@ struct UnitLayout {
   static constexpr uint64_t kSliceAlignment = 64;
   uint64_t unit_bytes = 0;
   int world = 1;
-  UnitLayout(uint64_t chunk_size, int world);
+  // Units of `world` shares of about `share_bytes` (exchange_share_bytes, memory_plan.h).
+  UnitLayout(uint64_t share_bytes, int world);
   size_t unit_count(uint64_t group_bytes) const;
   // Unit `u` of a group of `group_bytes`: [begin, end) in the group, and its slice size.
   struct Unit {
@@ -27,8 +28,6 @@ struct UnitLayout {
   };
   Unit unit(uint64_t group_bytes, size_t u) const;
   uint64_t padding() const { return static_cast<uint64_t>(world) * kSliceAlignment; }
-  // The most one rank reads of a unit: its slice (the unit itself for a rank alone).
-  uint64_t slice_bytes() const { return unit_bytes / static_cast<uint64_t>(world); }
 };
 
 }  // namespace instanttensor::plan

@@ -60,12 +60,31 @@ TEST(MemoryPlan, ExchangeReservesPaddingAndGroupsByUnits) {
   EXPECT_GE(plan.host_ring_bytes, (64ull << 20) + plan.layout.padding());
 }
 
+TEST(MemoryPlan, RanksShareUnitsOfSeveralReadsAndOneRankReadsOneSlice) {
+  constexpr uint64_t MiB = 1 << 20;
+  EXPECT_EQ(plan::exchange_share_bytes(8 * MiB, 1), 8 * MiB);   // a rank alone: one read
+  EXPECT_EQ(plan::exchange_share_bytes(8 * MiB, 2), 32 * MiB);  // up to 32 MiB
+  EXPECT_EQ(plan::exchange_share_bytes(3 * MiB, 8), 12 * MiB);  // at most 4 pieces
+  EXPECT_EQ(plan::exchange_share_bytes(4096, 2), 4u * 4096);
+  EXPECT_EQ(plan::exchange_share_bytes(48 * MiB, 2), 48 * MiB);  // at least one piece
+  auto in = inputs({1000, 64 << 20, 3});
+  in.staged = true;
+  auto alone = plan::plan_memory(in, name_of, "m.safetensors");
+  EXPECT_EQ(alone.layout.unit_bytes, alone.staging_slice);
+  in.world = 2;
+  auto ranks = plan::plan_memory(in, name_of, "m.safetensors");
+  EXPECT_EQ(ranks.staging_slice, alone.staging_slice);  // reads as large as alone
+  EXPECT_EQ(ranks.layout.unit_bytes, 2 * plan::exchange_share_bytes(ranks.staging_slice, 2));
+  EXPECT_LE(ranks.max_group_bytes, ranks.layout.unit_bytes);
+}
+
 TEST(MemoryPlan, StagingIsSmallAndFixedWhateverTheTensors) {
   auto in = inputs({4ull << 30, 1 << 20});  // a 4 GiB tensor
   in.staged = true;
   auto plan = plan::plan_memory(in, name_of, "m.safetensors");
   EXPECT_EQ(plan.staging_bytes, plan::defaults::kStagingBytes);
-  EXPECT_LE(plan.layout.unit_bytes, plan.staging_bytes / 2);  // shares stream through it
+  EXPECT_LE(plan.staging_slice, plan.staging_bytes / 2);  // reads stream through it
+  EXPECT_EQ(plan.layout.unit_bytes, plan.staging_slice);
   in.staging_size = 1024;
   EXPECT_NE(error_of(in).find("staging_size=1024 bytes is below"), std::string::npos);
   in.staging_size = plan::kMinStagingBytes;

@@ -470,6 +470,43 @@ TEST(ExchangeProtocol, AStatusRoundRaisesOneRanksFailureOnEveryRank) {
   }
 }
 
+TEST(ExchangeProtocol, RoundsPostedAheadSettleInOrderAndAFailureLeavesNoneBehind) {
+  // The exchanging walk's order: round u+1 posted before round u settles. Rank 1 fails in the
+  // second round; both ranks raise when they settle it (not the first), with the third posted,
+  // and a later round on the same group goes through (nothing was left pending).
+  std::vector<std::string> errors(2);
+  std::vector<int> settled(2, 0);
+  std::vector<bool> later_round(2, false);
+  on_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    ExchangeProtocol protocol(group, kCpu, 1, 7, UINT64_MAX, "f");
+    Stats stats;
+    std::optional<Error> failure;
+    if (rank == 1) failure = Error(ErrorKind::Io, "f", "t5", "injected read error");
+    try {
+      protocol.post_status(std::nullopt, stats);
+      protocol.post_status(failure, stats);
+      protocol.settle_status("f", stats);
+      ++settled[rank];
+      protocol.post_status(failure, stats);
+      protocol.settle_status("f", stats);
+      ++settled[rank];
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+    EXPECT_TRUE(protocol.oldest_status_arrived());  // none left posted
+    try {
+      protocol.status_round(std::nullopt, "f", stats);
+      later_round[rank] = true;
+    } catch (const Error& e) {
+      ADD_FAILURE() << "rank " << rank << ": " << e.what();
+    }
+  });
+  EXPECT_EQ(settled, (std::vector<int>{1, 1}));
+  EXPECT_NE(errors[0].find("rank 1 failed"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("'t5'"), std::string::npos) << errors[1];
+  EXPECT_EQ(later_round, (std::vector<bool>{true, true}));
+}
+
 TEST(InStepWalk, AFailureOnOneRankRaisesOnEveryRankAtTheSameStep) {
   TempDir dir;
   std::string path = write_checkpoint(dir);

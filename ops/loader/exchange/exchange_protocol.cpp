@@ -2,6 +2,7 @@
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/util/ScopeExit.h>
 
 #include "loader/reads/timing.h"
 #include "loader/transfer/storage_views.h"
@@ -52,6 +53,18 @@ void ExchangeProtocol::status_round(const std::optional<Error>& failure, const s
   auto start = Clock::now();
   exchange_.check_statuses(failure, file);
   stats.exchange_seconds += seconds_since(start);
+}
+
+void ExchangeProtocol::post_status(const std::optional<Error>& failure, Stats& stats) {
+  auto start = Clock::now();
+  exchange_.post_status(failure);
+  stats.exchange_seconds += seconds_since(start);
+}
+
+void ExchangeProtocol::settle_status(const std::string& file, Stats& stats) {
+  auto start = Clock::now();
+  auto count = c10::make_scope_exit([&] { stats.exchange_seconds += seconds_since(start); });
+  exchange_.settle_status(file);
 }
 
 uint64_t ExchangeProtocol::gather_unit(size_t g, size_t u, const PassPlan& plan,

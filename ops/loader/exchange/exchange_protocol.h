@@ -1,7 +1,8 @@
 // The protocol of a distributed pass, on top of RankExchange's collectives: the layout digest
 // and what the handshake agrees on (the smallest device budget, which ranks share a host), one
 // status round per unit carrying any failure (so a failure on one rank raises on every rank
-// after the same round), deferred failures, and each unit's gather. The walks of ranks drive it
+// after the same round, and no rank gathers a unit before its round says every share landed),
+// deferred failures, and each unit's gather. The walks of ranks drive it
 // (loader/walk/), waiting for their own reads between the steps. Consumer thread only.
 #pragma once
 
@@ -61,8 +62,9 @@ class ExchangeProtocol {
 
   // A group's exchange is driven by ExchangingWalk::exchange_group, which waits for its own
   // reads between the steps: a group read as rank shares makes one status round and one gather
-  // per unit; a group every rank read whole (a host-fallback tensor) or only empty
-  // tensors, one status round. Every rank makes the same calls in the same order.
+  // per unit (round u+1 posted before gather u); a group every rank read whole (a host-fallback
+  // tensor) or only empty tensors, one status round. Every rank makes the same calls in the same
+  // order.
   //
   // The failure deferred so far (the group's first, unless it has its own); forgets it.
   std::optional<Error> take_deferred() {
@@ -72,6 +74,13 @@ class ExchangeProtocol {
   }
   // One status round carrying `failure` (or 0); throws on every rank when any rank failed.
   void status_round(const std::optional<Error>& failure, const std::string& file, Stats& stats);
+  // The same round in two steps (RankExchange::post_status, settle_status): a unit's round is
+  // posted once its share landed and settled before its gather, with the next unit's round
+  // posted in between, so the round never waits in the backend's queue behind the previous
+  // unit's gather.
+  void post_status(const std::optional<Error>& failure, Stats& stats);
+  void settle_status(const std::string& file, Stats& stats);
+  bool oldest_status_arrived() const { return exchange_.oldest_status_arrived(); }
   // After unit `u`'s round: queues its in-place gather (after the copies queued on
   // `loader_stream` when staged; null otherwise) and returns this rank's own bytes in it.
   uint64_t gather_unit(size_t g, size_t u, const PassPlan& plan, const GroupState& state,

@@ -1,6 +1,8 @@
 #include "loader/exchange/rank_exchange.h"
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -60,21 +62,36 @@ RankExchange::RankExchange(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::De
       backend_(group_->getBackend(device.type())),
       device_(device),
       rank_(group_->getRank()),
-      world_(group_->getSize()) {}
+      world_(group_->getSize()) {
+  if (device_.type() != c10::DeviceType::CPU) {
+    control_ = c10::impl::getDeviceGuardImpl(device_.type())
+                   ->getStreamFromGlobalPool(device_, /*isHighPriority=*/true);
+  }
+}
 
 void RankExchange::prepare_gathers(plan::ExchangePlace place) {
   method_ = choose_gather_method(place, backend_->getBackendName(), device_.type());
 }
 
-at::Tensor RankExchange::all_gather(const at::Tensor& contribution) {
+RankExchange::PendingGather RankExchange::start_all_gather(const at::Tensor& contribution) {
   // Small control messages (handshake, statuses): through the same backend as the data, so a
   // device-only group (NCCL) needs nothing else; read back on the host (one sync).
   // The list form of all-gather: every backend supports it, on every device type.
   c10::DeviceGuard guard(device_);
-  std::vector<at::Tensor> input = {contribution.to(device_)};
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int r = 0; r < world_; ++r) output[0].push_back(at::empty_like(input[0]));
-  backend_->allgather(output, input)->wait();
+  c10::OptionalStreamGuard on_control(control_);
+  PendingGather pending;
+  pending.control = control_;
+  pending.input = {contribution.to(device_)};
+  pending.output.resize(1);
+  for (int r = 0; r < world_; ++r) pending.output[0].push_back(at::empty_like(pending.input[0]));
+  pending.work = backend_->allgather(pending.output, pending.input);
+  return pending;
+}
+
+at::Tensor RankExchange::PendingGather::read() {
+  c10::DeviceGuard guard(input[0].device());
+  c10::OptionalStreamGuard on_control(control);
+  work->wait();
   return at::cat(output[0]).cpu();
 }
 
@@ -112,7 +129,7 @@ RankExchange::Agreement RankExchange::handshake(uint64_t digest, uint64_t budget
   return agreed;
 }
 
-void RankExchange::check_statuses(const std::optional<Error>& failure, const std::string& file) {
+void RankExchange::post_status(const std::optional<Error>& failure) {
   at::Tensor mine = at::zeros({kStatusBytes + kMessageBytes}, at::kByte);
   if (failure) {
     int64_t status = static_cast<int64_t>(failure->kind()) + 1;
@@ -122,7 +139,20 @@ void RankExchange::check_statuses(const std::optional<Error>& failure, const std
                 std::min<size_t>(message.size(), kMessageBytes - 1));
   }
   if (tracing()) trace(rank_, "status");
-  at::Tensor all = all_gather(mine);
+  posted_.push_back({start_all_gather(mine), failure});
+}
+
+void RankExchange::settle_status(const std::string& file) {
+  if (posted_.empty()) throw Error(ErrorKind::Internal, file, "", "no status round to settle");
+  PostedStatus oldest = std::move(posted_.front());
+  posted_.pop_front();
+  at::Tensor all;
+  try {
+    all = oldest.round.read();
+  } catch (...) {
+    drain();
+    throw;
+  }
   const uint8_t* words = all.data_ptr<uint8_t>();
   int failed_rank = -1;
   int64_t failed_status = 0;
@@ -131,14 +161,31 @@ void RankExchange::check_statuses(const std::optional<Error>& failure, const std
     if (failed_status != 0) failed_rank = r;
   }
   if (failed_rank < 0) return;
-  // Every rank stops here, after the same status round: finish the gathers already queued so
-  // no collective is left pending on the group.
-  wait_gathers();
-  if (failure) throw *failure;
+  // Every rank stops here, after the same status round: finish the rounds and gathers already
+  // queued so no collective is left pending on the group.
+  drain();
+  if (oldest.failure) throw *oldest.failure;
   std::string message(reinterpret_cast<const char*>(
       words + failed_rank * (kStatusBytes + kMessageBytes) + kStatusBytes));
   throw Error(static_cast<ErrorKind>(failed_status - 1), file, "",
               "rank " + std::to_string(failed_rank) + " failed: " + message);
+}
+
+void RankExchange::drain() noexcept {
+  // On a path that throws already: the first error is the one to report, so a collective that
+  // fails while it is waited for here is only waited for.
+  auto rounds = std::move(posted_);
+  posted_.clear();
+  auto works = std::move(in_flight_);
+  in_flight_.clear();
+  for (auto& round : rounds) works.push_back(round.round.work);
+  c10::DeviceGuard guard(device_);
+  for (auto& work : works) {
+    try {
+      work->wait();
+    } catch (...) {
+    }
+  }
 }
 
 void RankExchange::gather(at::Tensor unit) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -57,7 +58,22 @@ class RankExchange {
   // host reads them all once. Throws on every rank when any rank failed (its own error, or
   // "rank N failed: ..."), after waiting for the gathers still in flight, so the group is left
   // with no pending collective and a new loader can use it.
-  void check_statuses(const std::optional<Error>& failure, const std::string& file);
+  void check_statuses(const std::optional<Error>& failure, const std::string& file) {
+    post_status(failure);
+    settle_status(file);
+  }
+  // The same round in two steps, so the host need not wait for it where it is posted:
+  // post_status() queues the round's collective (ordered after the work queued on the current
+  // stream, device backends); settle_status() reads the oldest round posted and not yet
+  // settled (waiting for it) and throws as check_statuses does, after waiting for every other
+  // round posted and every gather in flight. Every rank posts and settles in the same order.
+  void post_status(const std::optional<Error>& failure);
+  void settle_status(const std::string& file);
+  // Whether the oldest round posted has completed (settle_status would not wait); true when
+  // none is posted.
+  bool oldest_status_arrived() const {
+    return posted_.empty() || posted_.front().round.work->isCompleted();
+  }
 
   // Queues the in-place gather of `unit` (world x slice bytes on device(); this rank's slice
   // already in place): one all-gather, or one broadcast per slice (GatherMethod). Ordered after
@@ -69,15 +85,39 @@ class RankExchange {
   void wait_gathers();
 
  private:
-  at::Tensor all_gather(const at::Tensor& contribution);
+  // A collective of every rank's words of the same size, in flight: read() waits for it and
+  // returns them, rank after rank, on the host.
+  struct PendingGather {
+    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<at::Tensor> input;
+    std::vector<std::vector<at::Tensor>> output;
+    std::optional<c10::Stream> control;
+    at::Tensor read();
+  };
+  PendingGather start_all_gather(const at::Tensor& contribution);
+  at::Tensor all_gather(const at::Tensor& contribution) {
+    return start_all_gather(contribution).read();
+  }
+  // Waits for every round posted and every gather queued, without reading them, so a failing
+  // round leaves nothing pending on the group; errors of those waits are dropped.
+  void drain() noexcept;
+
+  struct PostedStatus {
+    PendingGather round;
+    std::optional<Error> failure;  // this rank's own, rethrown as it is
+  };
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   c10::Device device_;
+  // Device targets: the stream the control messages' copies and reads run on, so a status
+  // round's copies never queue behind the gathers the consumer's stream waits for.
+  std::optional<c10::Stream> control_;
   GatherMethod method_ = GatherMethod::AllGather;
   int rank_ = 0;
   int world_ = 1;
   std::vector<c10::intrusive_ptr<c10d::Work>> in_flight_;
+  std::deque<PostedStatus> posted_;
 };
 
 }  // namespace instanttensor::loader

@@ -16,7 +16,7 @@ ReadPass::ReadPass(const PassPlan& plan, ReadScheduler& reads, TensorMemory& mem
   const uint64_t bound = plan.memory.buffer_size;
   const uint64_t padding = plan.mode.exchanging() ? plan.memory.layout.padding() : 0;
   if (DeviceStage* stage = memory.stage()) {
-    staging_ = std::make_unique<StagingStream>(*stage, reads, plan.memory.layout.slice_bytes());
+    staging_ = std::make_unique<StagingStream>(*stage, reads, plan.memory.staging_slice);
     device_owned_ = std::make_unique<OwnedPlacement>(plan, memory.recycled(), stage, bound, stats);
     device_ring_placement_ =
         std::make_unique<RingPlacement>(plan, stage->device_ring(), padding, stats);
@@ -156,6 +156,15 @@ void ReadPass::wait_until_landed(size_t g, size_t units) {
       fail(e);
     }
     state.verified = state.landed;
+  }
+}
+
+void ReadPass::keep_reading_until(size_t waited, const std::function<bool()>& arrived) {
+  while (!arrived()) {
+    land(waited);
+    pump();
+    if (arrived() || reads_.in_flight() == 0) return;
+    reads_.wait_one();
   }
 }
 

@@ -4,6 +4,7 @@
 // borrowed, or an owned copy). Reads run ahead of the consumer as far as memory allows.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -53,8 +54,17 @@ class ReadPass : public Pass {
   // Waits until `units` units of `group` have landed (all of them for SIZE_MAX). A failed read
   // or a file changed since open fails the pass (thrown).
   void wait_until_landed(size_t group, size_t units = SIZE_MAX);
+  // For a consumer waiting for something other than a read (a status round of the ranks),
+  // with every group up to `waited` landed: keeps the reads going as wait_until_landed does
+  // (lands what is done, queues its copies, submits into the staging they free), waiting for
+  // one read at a time, until `arrived()` or no read is in flight, so the readers do not idle
+  // for want of staging meanwhile. A failed read is left for the consumer to meet when it waits
+  // for its group; a submit that throws, thrown (the pass has not failed).
+  void keep_reading_until(size_t waited, const std::function<bool()>& arrived);
   // The loader's stream when staged (the gathers queue after its copies); null otherwise.
   const c10::Stream* loader_stream() const;
+  // The pass's timeline (the scheduler's), for the walks' own events.
+  PassTimeline& timeline() { return reads_.timeline(); }
 
  private:
   // Every feed submits the reads of the groups placed so far that it serves.

@@ -1,7 +1,8 @@
 // The share feed: groups read in units of equal rank slices (the staged path, where one rank
 // reads everything, and the exchanges, where each rank reads its slice of every unit). This
 // rank's shares are submitted in order while there is room and land in order: through the
-// staging stream to the device, or (the host exchange) straight into their place.
+// staging stream to the device, in pieces of at most its slice, or (the host exchange) straight
+// into their place, in one read each.
 #pragma once
 
 #include <deque>
@@ -28,7 +29,8 @@ class ShareFeed : public GroupFeed {
   // Submits shares while the staging ring has room (in place: all of them).
   void submit_placed(PassState& pass) override;
   // Lands finished shares in order (copies staged ones to the device), counting the units
-  // landed in each group; reports a failed share whatever group it is of.
+  // landed in each group; reports a failed share of a group up to `waited` and stops at one of
+  // a later group without reporting it (the consumer meets it when it waits for that group).
   std::optional<Error> land(PassState& pass, size_t waited) override;
   std::optional<size_t> group_of(uint64_t tag) const override;
 
@@ -36,12 +38,13 @@ class ShareFeed : public GroupFeed {
   // Submits shares of `g` while there is room; true once all are submitted.
   bool submit(size_t g, GroupState& state);
 
-  // This rank's share of one unit.
+  // One read of this rank's share of a unit (the whole share, or a piece of it when staged).
   struct Share {
     size_t group = 0;
     uint64_t tag = 0;
-    uint64_t nbytes = 0;  // 0: this rank has no bytes in the unit
-    bool staged = false;  // in the staging stream until copied
+    uint64_t nbytes = 0;     // 0: this rank has no bytes in the unit
+    bool staged = false;     // in the staging stream until copied
+    bool ends_unit = false;  // the share's last read: once landed, so is the unit's share
   };
   const PassPlan& plan_;
   const plan::LoadMode& mode_;
@@ -49,9 +52,10 @@ class ShareFeed : public GroupFeed {
   StagingStream* staging_;
   int rank_;
   Stats& stats_;
-  std::deque<Share> submitted_;  // until landed, in order
-  size_t cursor_ = 0;            // the group whose shares are being submitted
-  uint64_t sequence_ = 0;        // tags of shares, unique across passes
+  std::deque<Share> submitted_;   // until landed, in order
+  size_t cursor_ = 0;             // the group whose shares are being submitted
+  uint64_t share_submitted_ = 0;  // bytes of the next unit's share already submitted
+  uint64_t sequence_ = 0;         // tags of shares, unique across passes
 };
 
 }  // namespace instanttensor::loader

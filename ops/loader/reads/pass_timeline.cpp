@@ -28,6 +28,10 @@ const char* PassTimeline::name(Kind kind) {
       return "open";
     case Kind::StagingLimit:
       return "staging_limit";
+    case Kind::StatusWait:
+      return "status_wait";
+    case Kind::GatherQueued:
+      return "gather_queued";
   }
   return "unknown";
 }

@@ -1,6 +1,7 @@
 // What the loader's stages did when, for finding what bounds a load: reads (in the read calls
 // and booked by the consumer), staging slices placed and freed, a staging ring found full, copies
-// queued, host waits for copies, the consumer's waits and tensors handed out. Times are
+// queued, host waits for copies, the consumer's waits and tensors handed out, and between ranks
+// the status rounds waited for and the gathers queued. Times are
 // steady-clock seconds (Python's time.monotonic), so a benchmark lays other clocks' events (the
 // simulated device's copy engine) beside them. Off unless INSTANTTENSOR_TIMELINE=1: then every
 // event costs one lock, which a benchmark's reads of megabytes do not notice.
@@ -32,6 +33,8 @@ class PassTimeline {
     TensorOut,      // a tensor handed out (instant)
     Open,           // the open: headers, the read method (a cold probe), plans (interval)
     StagingLimit,   // the staging ring's limit set or raised (instant; bytes: the new limit)
+    StatusWait,     // ranks: the consumer blocked reading a unit's status round (interval)
+    GatherQueued,   // ranks: a unit's gather queued (instant; bytes: the unit)
   };
   static const char* name(Kind kind);
 

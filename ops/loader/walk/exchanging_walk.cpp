@@ -38,14 +38,41 @@ void ExchangingWalk::exchange_group(size_t g, std::optional<Error> failure) {
     exchanged = 1;
     return;
   }
+  // Unit u's round is posted once this rank's share of it landed and settled after unit u+1's
+  // is posted, just before unit u's gather. On a backend that runs its collectives in one queue
+  // (NCCL, the simulated device's), a round posted after a gather waits for that gather's
+  // bytes, so posting and settling back to back made every unit wait for the one before it.
+  // The order is the same on every rank: s0, s1, g0, s2, g1, ..., g(n-1); a failure in round u
+  // stops every rank at its settling, with round u+1 posted (drained) and no gather of unit u
+  // queued.
   uint64_t own = 0;
-  while (exchanged < units) {
-    const size_t u = exchanged;
-    if (!failure) failure = landing_failure(g, u + 1);  // this rank's share of unit u in place
-    exchange_->status_round(failure, file, stats_);     // throws on every rank after a failure
+  PassTimeline& timeline = reads_.timeline();
+  auto gather = [&](size_t u) {
+    {
+      TimelineSpan waited(timeline, PassTimeline::Kind::StatusWait);
+      // The other ranks may be a share behind: meanwhile this rank's readers go on (a rank
+      // that failed reads nothing more). Only this group's reads are landed, and a read
+      // failure of a later group waits for that group's round; a submit that throws is
+      // carried by the next round, as in next().
+      try {
+        if (!failure) {
+          reads_.keep_reading_until(g, [&] { return exchange_->oldest_status_arrived(); });
+        }
+      } catch (const Error& e) {
+        exchange_->defer(e);
+      }
+      exchange_->settle_status(file, stats_);  // throws on every rank after a failure
+    }
     own += exchange_->gather_unit(g, u, plan, state, reads_.loader_stream());
+    timeline.instant(PassTimeline::Kind::GatherQueued, plan.memory.layout.unit_bytes);
     exchanged += 1;
+  };
+  for (size_t u = 0; u < units; ++u) {
+    if (!failure) failure = landing_failure(g, u + 1);  // this rank's share of unit u in place
+    exchange_->post_status(failure, stats_);
+    if (u > 0) gather(u - 1);
   }
+  gather(units - 1);
   stats_.bytes_received += group.length - own;
 }
 
