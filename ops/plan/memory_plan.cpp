@@ -86,7 +86,7 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
   }
   // Staging: a few chunks, whatever the checkpoint; large tensors stream through in slices.
   plan.staging_bytes = staging_ring_bytes(in.staging_size, file);
-  // A share of a unit, widened for O_DIRECT, takes at most half the staging ring.
+  // One read, widened for O_DIRECT, takes at most half the staging ring; a share, a few reads.
   plan.staging_slice =
       staging_slice_bytes(in.chunk_size, plan.staging_bytes, UnitLayout::kSliceAlignment);
   plan.layout = UnitLayout(exchange_share_bytes(plan.staging_slice, in.world), in.world);

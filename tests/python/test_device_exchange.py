@@ -45,13 +45,16 @@ def test_every_rank_gets_every_tensor_through_the_device_exchange(tmp_path, chec
     assert_read_once_in_shares(results, total, world)
 
 
-@pytest.mark.parametrize("world,copy", [(2, True), (3, False)])
+# A share is 4 reads of 4 KiB here: the 6th and 11th read calls fail inside a share, whose
+# first pieces landed (or were copied) before the failed one.
+@pytest.mark.parametrize("world,copy,fault_read", [(2, True, 3), (3, False, 3), (2, True, 6),
+                                                   (2, False, 11)])
 def test_a_read_error_on_one_rank_raises_on_every_rank_of_the_device_exchange(
-        tmp_path, checkpoint, world, copy):
+        tmp_path, checkpoint, world, copy, fault_read):
     paths, expected, _ = checkpoint
     options = {"copy": copy, "chunk_size": 4096, "staging_size": 32 << 10}
     results = run_ranks(tmp_path, [paths] * world, options, timeout=120, fault_rank=1,
-                        fault_read=3, testing_library=fault_library(), retry=True,
+                        fault_read=fault_read, testing_library=fault_library(), retry=True,
                         retry_files=[paths] * world, **DEVICE)
     assert "Input/output error" in results[1].get("error", ""), results[1]
     for rank, result in enumerate(results):

@@ -254,7 +254,8 @@ def assert_read_once_in_shares(results, total, world):
         assert r["stats"]["bytes_read"] <= total / world * 1.1 + 4096, read
 
 
-# chunk_size 4096: units of world x 4 KiB, so the embedding straddles many units and slices.
+# chunk_size 4096: units of world x 16 KiB (4 reads a share), so the embedding straddles many
+# units and slices.
 @pytest.mark.parametrize("world,copy,staged", [
     (2, True, False), (2, False, False), (2, True, True), (2, False, True),
     (3, True, False), (3, False, True)])

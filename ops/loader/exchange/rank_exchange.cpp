@@ -171,14 +171,24 @@ void RankExchange::settle_status(const std::string& file) {
               "rank " + std::to_string(failed_rank) + " failed: " + message);
 }
 
+void RankExchange::abandon_rounds() noexcept {
+  c10::DeviceGuard guard(device_);
+  c10::OptionalStreamGuard on_control(control_);  // where their buffers were made
+  for (auto& posted : posted_) {
+    try {
+      posted.round.work->wait();
+    } catch (...) {  // a path that throws already, or a broken group the next collective meets
+    }
+  }
+  posted_.clear();
+}
+
 void RankExchange::drain() noexcept {
   // On a path that throws already: the first error is the one to report, so a collective that
   // fails while it is waited for here is only waited for.
-  auto rounds = std::move(posted_);
-  posted_.clear();
+  abandon_rounds();
   auto works = std::move(in_flight_);
   in_flight_.clear();
-  for (auto& round : rounds) works.push_back(round.round.work);
   c10::DeviceGuard guard(device_);
   for (auto& work : works) {
     try {
@@ -212,6 +222,9 @@ void RankExchange::gather(at::Tensor unit) {
 }
 
 void RankExchange::wait_gathers() {
+  // A round posted and never settled (an exception other than Error between the two) is
+  // waited for, not read: the next pass starts with none.
+  abandon_rounds();
   auto works = std::move(in_flight_);
   in_flight_.clear();
   for (auto& work : works) work->wait();

@@ -81,7 +81,8 @@ class RankExchange {
   void gather(at::Tensor unit);
   GatherMethod method() const { return method_; }
   // Waits for every queued gather; device backends make the current stream wait, the host
-  // does not. Returns once the bytes may be read on the current stream.
+  // does not. Returns once the bytes may be read on the current stream. Rounds posted and not
+  // settled (only after an exception that is not an Error) are waited for and dropped.
   void wait_gathers();
 
  private:
@@ -101,6 +102,7 @@ class RankExchange {
   // Waits for every round posted and every gather queued, without reading them, so a failing
   // round leaves nothing pending on the group; errors of those waits are dropped.
   void drain() noexcept;
+  void abandon_rounds() noexcept;
 
   struct PostedStatus {
     PendingGather round;

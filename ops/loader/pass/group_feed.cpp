@@ -25,13 +25,13 @@ void WholeGroupFeed::submit_placed(PassState& pass) {
   }
 }
 
-std::optional<Error> WholeGroupFeed::land(PassState& pass, size_t waited) {
+std::optional<Error> WholeGroupFeed::land(PassState& pass, std::optional<size_t> waited) {
   while (!submitted_.empty()) {
     const size_t g = submitted_.front();
     const uint64_t tag = read_tags::group(g);
     if (!reads_.done(tag)) return std::nullopt;
     auto failure = reads_.failure(tag);
-    if (failure && g > waited) return std::nullopt;
+    if (failure && (!waited || g > *waited)) return std::nullopt;
     reads_.forget(tag);
     if (failure) {
       const auto& first = plan_.first_tensor(g);

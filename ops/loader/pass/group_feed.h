@@ -24,9 +24,10 @@ class GroupFeed {
   // serves, in order, while there is room.
   virtual void submit_placed(PassState& pass) = 0;
   // Lands finished reads in order without waiting: marks groups (or their units) landed.
-  // Returns the first read failure of a group up to `waited` (the group the consumer waits for),
-  // as an Error naming the file and the group's first tensor; a feed may report later ones too.
-  virtual std::optional<Error> land(PassState& pass, size_t waited) = 0;
+  // Returns the first read failure of a group up to `waited` (the group the consumer waits for;
+  // none: no group), as an Error naming the file and the group's first tensor; landing stops at
+  // a failed read it does not report, which stays for a later call.
+  virtual std::optional<Error> land(PassState& pass, std::optional<size_t> waited) = 0;
   // The group of a read tag this feed submitted and has not landed yet.
   virtual std::optional<size_t> group_of(uint64_t tag) const = 0;
 };
@@ -43,7 +44,7 @@ class WholeGroupFeed : public GroupFeed {
   // A failed group after `waited` is not reported here (the groups before it land and are
   // handed out); the pass still fails on it as soon as the consumer has to wait for a read and
   // the scheduler reports it (ReadPass::check_reads), as before the split.
-  std::optional<Error> land(PassState& pass, size_t waited) override;
+  std::optional<Error> land(PassState& pass, std::optional<size_t> waited) override;
   std::optional<size_t> group_of(uint64_t tag) const override;
 
  private:

@@ -98,7 +98,7 @@ void ReadPass::submit_placed() {
   for (auto& feed : feeds_) feed->submit_placed(state_);
 }
 
-void ReadPass::land(size_t waited) {
+void ReadPass::land(std::optional<size_t> waited) {
   for (auto& feed : feeds_) {
     if (auto failure = feed->land(state_, waited)) fail(std::move(*failure));
   }
@@ -159,11 +159,16 @@ void ReadPass::wait_until_landed(size_t g, size_t units) {
   }
 }
 
-void ReadPass::keep_reading_until(size_t waited, const std::function<bool()>& arrived) {
+void ReadPass::keep_reading_until(const std::function<bool()>& arrived) {
   while (!arrived()) {
-    land(waited);
+    land(std::nullopt);
     pump();
-    if (arrived() || reads_.in_flight() == 0) return;
+    if (arrived()) return;
+    if (reads_.in_flight() == 0 ||
+        (staging_ && staging_->idle_reader_waits_for_room())) {  // as in wait_until_landed
+      if (staging_ && staging_->wait_oldest_copy()) continue;
+      if (reads_.in_flight() == 0) return;
+    }
     reads_.wait_one();
   }
 }

@@ -54,13 +54,13 @@ class ReadPass : public Pass {
   // Waits until `units` units of `group` have landed (all of them for SIZE_MAX). A failed read
   // or a file changed since open fails the pass (thrown).
   void wait_until_landed(size_t group, size_t units = SIZE_MAX);
-  // For a consumer waiting for something other than a read (a status round of the ranks),
-  // with every group up to `waited` landed: keeps the reads going as wait_until_landed does
-  // (lands what is done, queues its copies, submits into the staging they free), waiting for
-  // one read at a time, until `arrived()` or no read is in flight, so the readers do not idle
-  // for want of staging meanwhile. A failed read is left for the consumer to meet when it waits
-  // for its group; a submit that throws, thrown (the pass has not failed).
-  void keep_reading_until(size_t waited, const std::function<bool()>& arrived);
+  // For a consumer waiting for something other than a read (a status round of the ranks):
+  // keeps the reads going as wait_until_landed does (lands what is done, queues its copies,
+  // submits into the staging they free), waiting for one read or copy at a time, until
+  // `arrived()` or nothing is left to wait for, so the readers do not idle for want of staging
+  // meanwhile. Fails nothing: landing stops at a failed read, which the consumer meets when it
+  // waits for its group (wait_until_landed); a submit that throws is thrown.
+  void keep_reading_until(const std::function<bool()>& arrived);
   // The loader's stream when staged (the gathers queue after its copies); null otherwise.
   const c10::Stream* loader_stream() const;
   // The pass's timeline (the scheduler's), for the walks' own events.
@@ -73,7 +73,7 @@ class ReadPass : public Pass {
   bool place_group(size_t group, bool force);
   // Lands what the feeds have finished; a read failure (of a group up to `waited`) fails the
   // pass.
-  void land(size_t waited);
+  void land(std::optional<size_t> waited);
   void check_reads();
   // Orders the free of owned device destinations not handed out after the copies queued so far
   // on the loader's stream (DeviceStage::record_use_by_copies).

@@ -66,7 +66,7 @@ bool ShareFeed::submit(size_t g, GroupState& state) {
   return true;
 }
 
-std::optional<Error> ShareFeed::land(PassState& pass, size_t waited) {
+std::optional<Error> ShareFeed::land(PassState& pass, std::optional<size_t> waited) {
   while (!submitted_.empty()) {
     Share& share = submitted_.front();
     GroupState& state = pass.groups[share.group];
@@ -82,7 +82,7 @@ std::optional<Error> ShareFeed::land(PassState& pass, size_t waited) {
         return std::nullopt;
       }
       auto failure = reads_.failure(share.tag);
-      if (failure && share.group > waited) return std::nullopt;
+      if (failure && (!waited || share.group > *waited)) return std::nullopt;
       reads_.forget(share.tag);
       if (failure) {
         const auto& first = plan_.first_tensor(share.group);

@@ -29,9 +29,8 @@ class ShareFeed : public GroupFeed {
   // Submits shares while the staging ring has room (in place: all of them).
   void submit_placed(PassState& pass) override;
   // Lands finished shares in order (copies staged ones to the device), counting the units
-  // landed in each group; reports a failed share of a group up to `waited` and stops at one of
-  // a later group without reporting it (the consumer meets it when it waits for that group).
-  std::optional<Error> land(PassState& pass, size_t waited) override;
+  // landed in each group (GroupFeed::land).
+  std::optional<Error> land(PassState& pass, std::optional<size_t> waited) override;
   std::optional<size_t> group_of(uint64_t tag) const override;
 
  private:

@@ -33,7 +33,7 @@ class PassTimeline {
     TensorOut,      // a tensor handed out (instant)
     Open,           // the open: headers, the read method (a cold probe), plans (interval)
     StagingLimit,   // the staging ring's limit set or raised (instant; bytes: the new limit)
-    StatusWait,     // ranks: the consumer blocked reading a unit's status round (interval)
+    StatusWait,     // ranks: the consumer waiting for a status round, reading on (interval)
     GatherQueued,   // ranks: a unit's gather queued (instant; bytes: the unit)
   };
   static const char* name(Kind kind);

@@ -51,13 +51,11 @@ void ExchangingWalk::exchange_group(size_t g, std::optional<Error> failure) {
     {
       TimelineSpan waited(timeline, PassTimeline::Kind::StatusWait);
       // The other ranks may be a share behind: meanwhile this rank's readers go on (a rank
-      // that failed reads nothing more). Only this group's reads are landed, and a read
-      // failure of a later group waits for that group's round; a submit that throws is
-      // carried by the next round, as in next().
+      // that failed reads nothing more). Nothing fails there: a failed read stays for the
+      // landing wait of its unit, whose round carries it; a submit that throws goes with the
+      // next group's first round, as in next().
       try {
-        if (!failure) {
-          reads_.keep_reading_until(g, [&] { return exchange_->oldest_status_arrived(); });
-        }
+        if (!failure) reads_.keep_reading_until([&] { return exchange_->oldest_status_arrived(); });
       } catch (const Error& e) {
         exchange_->defer(e);
       }
