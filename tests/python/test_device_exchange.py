@@ -3,8 +3,9 @@
 On GPUs vLLM at TP>1 passes its device group ("cpu:gloo,cuda:nccl"): the target is the GPU, so
 the loader exchanges in the device ring, each rank reading 1/world of every unit into its staging
 ring, copying it to the device, and the device backend all-gathering the rest. Here the same
-group shape runs on the simulated device ("cpu:gloo,simdev:simccl"), whose backend queues each
-collective on the device's current stream like NCCL and carries the bytes through host memory
+group shape runs on the simulated device ("cpu:gloo,simdev:simccl"), whose backend runs each
+collective on its own stream after the work queued on the current one, like NCCL, and carries the
+bytes through host memory
 (tests/simulated_device/sim_collectives.h), with the suite's random delays on every device
 operation. Each rank runs on its own device (rank % 2). After every load, failed or not, the
 rank checks that no collective is left pending and that its device and pinned memory is back
@@ -13,7 +14,14 @@ to zero.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
+
+import simulated_device
 
 from test_distributed import (assert_read_once_in_shares, checkpoint,  # noqa: F401
                               collectives_through_a_failure, copies_per_rank, fault_library,
@@ -136,3 +144,50 @@ def test_the_vllm_iterator_with_a_device_group_exchanges_on_the_device(tmp_path,
         assert result["digests"] == expected
         assert result["warnings"] == []
         assert_memory_back(result)
+
+
+TWO_GROUPS = r"""
+import json, os, sys, torch, torch.distributed as dist
+rank, spec = int(sys.argv[1]), json.loads(sys.argv[2])
+os.environ["INSTANTTENSOR_CMAKE_BUILD_DIR"] = spec["build_dir"]
+sys.path.insert(0, spec["tests_dir"])
+import simulated_device as simdev
+assert simdev.register_collectives()
+dist.init_process_group(simdev.DEVICE_GROUP, init_method="file://" + spec["store"], rank=rank,
+                        world_size=2)
+a = dist.new_group([0, 1], backend=simdev.DEVICE_GROUP)
+b = dist.new_group([0, 1], backend=simdev.DEVICE_GROUP)
+device = torch.device("simdev", rank)
+x = torch.full((4,), rank + 1.0, device=device)
+y = torch.full((4,), 10.0 * (rank + 1), device=device)
+order = [(a, x), (b, y)] if rank == 0 else [(b, y), (a, x)]
+works = [dist.all_reduce(t, group=g, async_op=True) for g, t in order]
+for work in works:
+    work.wait()
+json.dump({"x": x.cpu().tolist(), "y": y.cpu().tolist()}, open(spec["out"] % rank, "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_two_simulated_groups_issued_in_opposite_orders_do_not_wait_for_each_other(tmp_path):
+    # NCCL gives each communicator its own stream, so two groups' collectives issued in
+    # different orders on the ranks both complete; a simulator with one collective stream per
+    # device ordered them and hung here.
+    if not simulated_device.register_collectives():
+        pytest.skip("needs the CMake build's simulated device (INSTANTTENSOR_CMAKE_BUILD_DIR)")
+    script = tmp_path / "two_groups.py"
+    script.write_text(TWO_GROUPS)
+    spec = {"store": str(tmp_path / "store"), "out": str(tmp_path / "rank%d.json"),
+            "tests_dir": os.path.dirname(__file__), "build_dir": simulated_device.build_dir()}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), json.dumps(spec)],
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for proc in procs:
+            proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail("the ranks hung: one group's collective waited for the other's")
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 0, proc.stderr.read()
+        assert json.load(open(spec["out"] % rank)) == {"x": [3.0] * 4, "y": [30.0] * 4}

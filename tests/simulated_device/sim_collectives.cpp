@@ -109,7 +109,10 @@ class CollectiveWork final : public c10d::Work {
 }  // namespace
 
 CollectiveBackend::CollectiveBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size)
-    : c10d::Backend(rank, size), host_(std::move(host)), communicator_([this] { run_jobs(); }) {}
+    : c10d::Backend(rank, size),
+      host_(std::move(host)),
+      stream_id_(next_collective_stream()),
+      communicator_([this] { run_jobs(); }) {}
 
 CollectiveBackend::~CollectiveBackend() {
   {
@@ -142,7 +145,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveBackend::launch(c10::DeviceIndex device
   // what was queued on it so far; the caller's stream goes on (work queued on it later does
   // not wait for the collective unless the caller waits for the work).
   Stream& caller = stream_of(current_stream(device));
-  Stream& own = simdev::stream(device, kCollectiveStream);
+  Stream& own = simdev::stream(device, stream_id_);
   const uint64_t queued = caller.enqueued();
   own.enqueue([&caller, queued] { caller.wait_for(queued); });
   c10::Stream stream = own.handle();

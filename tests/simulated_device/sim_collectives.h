@@ -50,14 +50,16 @@ class CollectiveBackend final : public c10d::Backend {
   size_t pending() const;
 
  private:
-  // Queues `body` (run on the communication thread, after the stream reached this point) on
-  // the current stream of `device`; `outputs` are the Work's result.
+  // Queues `body` (run on the communication thread once the stream reached it) on this
+  // backend's collective stream of `device`, after the work queued so far on the current
+  // stream; `outputs` are the Work's result.
   c10::intrusive_ptr<c10d::Work> launch(c10::DeviceIndex device, c10d::OpType type,
                                         std::function<void()> body,
                                         std::vector<at::Tensor> outputs);
   void run_jobs();
 
   c10::intrusive_ptr<c10d::Backend> host_;
+  const c10::StreamId stream_id_;  // this backend's collective stream on each device
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::shared_ptr<CollectiveJob>> jobs_;

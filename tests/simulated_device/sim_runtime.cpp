@@ -233,8 +233,14 @@ c10::Stream pool_stream(c10::DeviceIndex device) {
 
 c10::Stream new_stream(c10::DeviceIndex device) {
   uint32_t n = next_new_stream.fetch_add(1);
-  constexpr int kNewStreams = kCollectiveStream - 1 - kPoolStreams;
+  constexpr int kNewStreams = kFirstCollectiveStream - 1 - kPoolStreams;
   return stream(device, static_cast<c10::StreamId>(1 + kPoolStreams + n % kNewStreams)).handle();
+}
+
+c10::StreamId next_collective_stream() {
+  static std::atomic<uint32_t> next{0};
+  return static_cast<c10::StreamId>(kFirstCollectiveStream +
+                                    next.fetch_add(1) % kCollectiveStreams);
 }
 
 void maybe_delay() {

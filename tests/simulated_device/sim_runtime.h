@@ -26,12 +26,14 @@ constexpr int kDeviceCount = 2;
 // Stream ids per device: 0 the default stream; 1..kPoolStreams the pool (what the loader takes,
 // getStreamFromGlobalPool); the rest but the last for getNewStream (a test's torch.Stream), so a
 // consumer's stream never is the loader's by chance and ordering between them must come from
-// events; the last, kCollectiveStream.
-constexpr int kStreamsPerDevice = 9;
+// events; the last kCollectiveStreams for the simulated collectives.
+constexpr int kStreamsPerDevice = 12;
 constexpr int kPoolStreams = 3;
-// The last stream id: the simulated collectives' own stream (NCCL's internal stream), which
-// nothing else hands out.
-constexpr c10::StreamId kCollectiveStream = kStreamsPerDevice - 1;
+// The last ids: the simulated collectives' own streams (NCCL's, one per communicator), which
+// nothing else hands out; each backend takes the next (collective_stream), so up to this many
+// groups never share one and cannot order each other's collectives.
+constexpr int kCollectiveStreams = 4;
+constexpr c10::StreamId kFirstCollectiveStream = kStreamsPerDevice - kCollectiveStreams;
 constexpr uint64_t kDeviceCapacity = 8ull << 30;  // what mem_get_info reports as total
 
 // The host address behind a device address (and back: the mapping is its own inverse).
@@ -95,6 +97,8 @@ c10::Stream exchange_current_stream(const c10::Stream& stream);
 // Round-robin over the pool streams, and over the streams for getNewStream.
 c10::Stream pool_stream(c10::DeviceIndex device);
 c10::Stream new_stream(c10::DeviceIndex device);
+// Round-robin over the collective streams: the id a new collective backend uses on each device.
+c10::StreamId next_collective_stream();
 
 // Sleeps a random 0-2 ms when delays are on (INSTANTTENSOR_SIMDEV_DELAY=1 or set_delays).
 void maybe_delay();
