@@ -127,6 +127,10 @@ struct Stats {
   // (copy=false or an exchange on an accelerator; bounded by buffer_size and device_budget).
   uint64_t staging_bytes = 0;
   uint64_t device_ring_bytes = 0;
+  // Bytes per read request, chosen at open: OpenOptions::chunk_size as asked, else 8 MiB, or for
+  // warm reads into a staging ring (a process alone) a slice that keeps the ring in use within
+  // half of the CPU's last-level cache (2 MiB on a 32 MiB cache with 2 read workers).
+  uint64_t read_bytes = 0;
   // Memory advice (madvise) the kernel refused while this loader was open, in the whole process:
   // the load goes on with right bytes, only resident memory or speed differ (a kernel without
   // transparent huge pages, locked pages that cannot be given back). The debug line names the

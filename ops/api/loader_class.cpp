@@ -94,6 +94,7 @@ class LoaderHolder : public torch::CustomClassHolder {
     out.insert("recycled_blocks", static_cast<double>(s.recycled_blocks));
     out.insert("staging_bytes", static_cast<double>(s.staging_bytes));
     out.insert("device_ring_bytes", static_cast<double>(s.device_ring_bytes));
+    out.insert("read_bytes", static_cast<double>(s.read_bytes));
     out.insert("open_seconds", s.open_seconds);
     out.insert("read_seconds", s.read_seconds);
     out.insert("wait_seconds", s.wait_seconds);

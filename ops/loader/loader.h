@@ -78,7 +78,9 @@ class Loader {
   // The read backend for the options' chain (cold files under `auto`: buffered until
   // settle_read_method).
   void open_io();
-  // chunk_size as asked, or the default, before any rounding.
+  // chunk_size as asked, or the default, before any rounding; for warm staged reads of a
+  // process alone, a slice fitted to the CPU's last-level cache (loader_read_size.cpp). After
+  // the mode and the read method.
   uint64_t requested_chunk() const;
   // Where the ranks meet, decided once: the load mode; with a usable group, after the
   // handshake (returned), which says where the ranks run and agrees on the device budget.

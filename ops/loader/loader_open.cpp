@@ -64,6 +64,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   stats_.backend = io_->description();
   stats_.exchange = plan::describe_exchange(plan_.mode);
   stats_.buffer_size = plan_.memory.buffer_size;
+  stats_.read_bytes = plan_.chunk_size;
   stats_.open_seconds = seconds_since(start);
   reads_->timeline().record(loader::PassTimeline::Kind::Open, start, Clock::now());
 }
@@ -87,10 +88,6 @@ void Loader::settle_read_method() {
   plan_.chunk_size =
       plan::round_up(requested_chunk(),
                      plan_.mode.exchanging() ? plan::kMaxDirectAlignment : plan_.ring_alignment);
-}
-
-uint64_t Loader::requested_chunk() const {
-  return options_.chunk_size ? options_.chunk_size : plan::defaults::kChunkBytes;
 }
 
 std::vector<size_t> Loader::selected_indices() const {

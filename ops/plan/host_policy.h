@@ -56,6 +56,19 @@ struct ReadThreadInputs {
 // Any thread; pure.
 int choose_read_threads(const ReadThreadInputs& in);
 
+// The read size of a pass that reads into a staging ring (a device target, or staging forced).
+struct StagedReadInputs {
+  uint64_t requested = 0;         // the caller's chunk_size (0: none asked)
+  bool mostly_cached = false;     // buffered reads of files in the page cache: memory copies
+  bool alone = true;              // no ranks planning their reads alike (in step, exchanging)
+  int reads_at_once = 0;          // the reads the backend runs at once
+  int processes_on_host = 1;      // loads sharing this host's cache (a launcher's count)
+  uint64_t last_level_cache = 0;  // bytes (0: unknown)
+};
+
+// Any thread; pure. What it chooses and the figures behind it: host_policy.cpp.
+uint64_t choose_staged_read_bytes(const StagedReadInputs& in);
+
 // How load_file goes through one file it has opened: each tensor read into memory of its own on
 // the caller's thread (random access: no pass, no view kept to make owned or lease at the end,
 // so nothing of the file stays open or mapped afterwards), or one pass of the loader (on the

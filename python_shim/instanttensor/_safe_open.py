@@ -275,7 +275,9 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         exchange (whether a process group exchanged bytes, and why), staging (the staging ring's
         memory: "pinned"; "pinned, smaller (...)" or "pageable (pinning refused: ...)" where the
         platform refused to pin it all), advice_refused (memory advice the kernel refused: the
-        load went on). After close() still answers with the final counts."""
+        load went on), read_bytes (bytes per read request: chunk_size, or for warm reads into a
+        staging ring a slice fitted to the CPU's last-level cache). After close() still answers
+        with the final counts."""
         with engine_errors():
             return engine_stats(self._engine_or_final())
 

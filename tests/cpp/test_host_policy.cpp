@@ -98,6 +98,42 @@ TEST(ReadThreads, EveryCaseOfTheTable) {
   }
 }
 
+TEST(StagedReadBytes, EveryCaseOfTheTable) {
+  const uint64_t chunk = defaults::kChunkBytes;
+  struct SliceRow {
+    const char* what;
+    uint64_t requested;
+    bool cached, alone;
+    int reads, processes;
+    uint64_t cache, slice;
+  };
+  const SliceRow rows[] = {
+      {"asked: as asked", 3 * MiB, true, true, 2, 1, 32 * MiB, 3 * MiB},
+      {"cold: the chunk", 0, false, true, 2, 1, 32 * MiB, chunk},
+      {"ranks planning alike: the chunk", 0, true, false, 2, 1, 32 * MiB, chunk},
+      {"cache unknown: the chunk", 0, true, true, 2, 1, 0, chunk},
+      // 6 slots (2 reads, one queued behind each, 2 under copy) in 16 MiB: 2 MiB slices.
+      {"warm, 2 reads, 32 MiB cache: 2 MiB", 0, true, true, 2, 1, 32 * MiB, 2 * MiB},
+      {"warm, 2 reads, 48 MiB cache: 4 MiB", 0, true, true, 2, 1, 48 * MiB, 4 * MiB},
+      {"warm, 4 reads, 32 MiB cache: 2 MiB at least", 0, true, true, 4, 1, 32 * MiB, 2 * MiB},
+      {"warm, 2 reads, 96 MiB cache: 8 MiB", 0, true, true, 2, 1, 96 * MiB, 8 * MiB},
+      {"warm, a cache that holds more: the chunk at most", 0, true, true, 4, 1, GiB, chunk},
+      {"warm, 4 processes share 256 MiB: 2 MiB", 0, true, true, 4, 4, 256 * MiB, 2 * MiB},
+      {"warm, a small cache: 2 MiB at least", 0, true, true, 2, 1, 4 * MiB, 2 * MiB},
+      {"warm, no reads known: counted as one", 0, true, true, 0, 1, 32 * MiB, 4 * MiB},
+  };
+  for (const auto& row : rows) {
+    StagedReadInputs in;
+    in.requested = row.requested;
+    in.mostly_cached = row.cached;
+    in.alone = row.alone;
+    in.reads_at_once = row.reads;
+    in.processes_on_host = row.processes;
+    in.last_level_cache = row.cache;
+    EXPECT_EQ(choose_staged_read_bytes(in), row.slice) << row.what;
+  }
+}
+
 TEST(LoadFilePath, SmallHostFilesOfFewTensorsAreReadAndTheRestTakeOnePass) {
   const auto read = LoadFilePath::EachTensorRead;
   const auto pass = LoadFilePath::OnePass;

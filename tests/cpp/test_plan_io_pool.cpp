@@ -7,17 +7,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "format/checkpoint.h"
 #include "format/writer.h"
 #include "helper_files.h"
 #include "instanttensor/error.h"
+#include "io/cache_size.h"
 #include "io/direct_io.h"
 #include "io/fault_free_copy.h"
 #include "io/file_lease.h"
@@ -127,6 +130,32 @@ TEST(MemoryLimit, ACgroupsLimitFileIsACountOrNone) {
   EXPECT_EQ(io::parse_cgroup_memory_max("12 KiB\n"), UINT64_MAX);
   // v1 states "no limit" as a huge count, which the machine's memory then caps.
   EXPECT_EQ(io::parse_cgroup_memory_max("9223372036854771712\n"), 9223372036854771712ull);
+}
+
+TEST(CacheSize, ASysfsSizeIsBytesInItsUnitOrNone) {
+  EXPECT_EQ(io::parse_cache_size("32768K\n"), 32ull << 20);
+  EXPECT_EQ(io::parse_cache_size("2M"), 2ull << 20);
+  EXPECT_EQ(io::parse_cache_size("1G\n"), 1ull << 30);
+  EXPECT_EQ(io::parse_cache_size("512"), 512u);
+  EXPECT_EQ(io::parse_cache_size(""), 0u);  // no such file
+  EXPECT_EQ(io::parse_cache_size("32 MiB"), 0u);
+  EXPECT_EQ(io::parse_cache_size("K"), 0u);
+}
+
+TEST(CacheSize, TheLastLevelIsTheLargestUnifiedCacheSysfsStates) {
+  uint64_t largest = 0;
+  for (int index = 0; index < 8; ++index) {
+    const std::string folder =
+        "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream type_file(folder + "type"), size_file(folder + "size");
+    std::string type, size;
+    if (!(type_file >> type)) break;
+    if (type == "Unified" && (size_file >> size)) {
+      largest = std::max(largest, io::parse_cache_size(size));
+    }
+  }
+  // Caches grow with their level: the largest unified one is the last level (0: none stated).
+  EXPECT_EQ(io::last_level_cache_bytes(), largest);
 }
 
 TEST(LargestFolio, IsAWholeNumberOfPagesAndWhatTheKernelStates) {

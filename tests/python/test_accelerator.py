@@ -426,6 +426,39 @@ def test_a_pinning_limit_below_the_ring_stages_through_a_smaller_pinned_ring(acc
         simulated_device.set_pinned_limit(-1)
 
 
+@pytest.mark.parametrize("cache_bytes, chunk_size, slice_bytes", [
+    (24 << 20, None, 2 << 20),  # 6 slots (2 reads, one queued each, 2 under copy) in 12 MiB
+    (48 << 20, None, 4 << 20),
+    (4 << 20, None, 2 << 20),  # 2 MiB at least
+    (0, None, 8 << 20),  # no cache size known: the default chunk
+    (24 << 20, 4 << 20, 4 << 20),  # a chunk_size asked is kept
+])
+def test_warm_staged_reads_take_slices_that_fit_half_the_last_level_cache(
+        accel, tmp_path, monkeypatch, cache_bytes, chunk_size, slice_bytes):
+    # Warm reads are copies by the CPU into the staging ring: a ring in use within half the
+    # last-level cache is written there, not through to memory (plan::choose_staged_read_bytes).
+    torch.manual_seed(3)
+    tensors = {"big": torch.randn(4 << 20), "small": torch.randn(7)}  # 16 MiB and 28 bytes
+    path = str(tmp_path / "model.safetensors")
+    reference_save(tensors, path)
+    with open(path, "rb") as file:
+        file.read()  # every page in the cache
+    monkeypatch.setenv("INSTANTTENSOR_TESTING_LLC_BYTES", str(cache_bytes))
+    options = {} if chunk_size is None else {"chunk_size": chunk_size}
+    for copy in (True, False):
+        with instanttensor.safe_open(path, device=accel.kind, copy=copy, concurrency=2,
+                                     **options) as f:
+            for name, tensor in f.tensors():
+                assert same_bytes(on_host(tensor), tensors[name]), name
+            del tensor
+            # The big tensor in whole slices (its start and end widened to the alignment may
+            # take one more), the small one in one read.
+            assert f.stats()["read_bytes"] == slice_bytes, copy
+            reads = f.stats()["read_requests"]
+            assert (16 << 20) // slice_bytes + 1 <= reads <= (16 << 20) // slice_bytes + 2, \
+                (copy, reads)
+
+
 REFUSED_PINNING_CHILD = """
 import sys, warnings, torch
 sys.path.insert(0, sys.argv[1])
