@@ -110,12 +110,11 @@ def _reads_at_once(cache: str) -> int:
 
 
 def _read_ring_bytes(device: str, cache: str, chunk: int = READ_CHUNK) -> int:
-    """What of its staging ring the loader uses by default: all of it on a GPU (pinned whole at
-    allocation); else the reads its backend runs at once, one queued behind each, and two
-    slices under copy (loader/transfer/staging_stream)."""
-    if device == "cuda":
-        return STAGING_BYTES
-    return min(STAGING_BYTES, (2 * _reads_at_once(cache) + 2) * chunk)
+    """What of its staging ring the loader uses by default, on any device (a GPU pins the whole
+    ring at allocation, but reads into this much of it): the reads its backend runs at once, one
+    queued behind each, and two slices under copy (loader/transfer/staging_stream); at least one
+    chunk."""
+    return max(chunk, min(STAGING_BYTES, (2 * _reads_at_once(cache) + 2) * chunk))
 
 
 def _loader_read_bytes(files: list[str], device: str, options: dict) -> int:
@@ -138,10 +137,11 @@ def _fresh_ring(device: str, nbytes: int, huge_pages: bool = True):
     faults and locks it at allocation); on the simulated device, whose pinned memory is faulted
     lazily, anonymous memory advised to 2 MiB pages as the loader advises its staging (or, with
     huge_pages=False, left in 4 KiB pages)."""
-    if device == "cuda":
+    if device == "cuda":  # pinned whole, as the loader pins its ring, then read into in part
         import torch
 
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+        whole = max(nbytes, STAGING_BYTES)
+        return torch.empty(whole, dtype=torch.uint8, pin_memory=True).numpy()[:nbytes]
     import mmap
 
     import numpy
@@ -314,6 +314,8 @@ def _sample(spec: dict) -> dict:
                 if result["methods"]["4 KiB pages"] < result["seconds"]:
                     result["seconds"] = result["methods"]["4 KiB pages"]
                     result["cpu_seconds"] = time.process_time() - cpu_start
+                # Always second in its process (not rotated): each ring is fresh memory mapped
+                # for it, the first one unmapped by then.
             # The earlier figure: into a ring touched before the timing.
             start = time.perf_counter()
             _read_alone(files, ring)
@@ -529,7 +531,8 @@ def run(args) -> dict:
             touched = [s["touched_ring_seconds"] for s in samples[(setting, cache, "read")]
                        if "touched_ring_seconds" in s]
             touched_gbps = total / _median(touched) / 1e9 if touched else None
-            # Cold: each method's median rate, the bound being the best sample's method.
+            # Each method's median rate (cold; warm: the ring's page size), the bound being the
+            # best sample's method.
             method_samples: dict = {}
             for s in samples[(setting, cache, "read")]:
                 for name, value in s.get("methods", {}).items():
@@ -552,6 +555,12 @@ def run(args) -> dict:
                          "bound_by": bound_by, "cpu_bound_gbps": cpu_gbps,
                          "host_cpu_seconds": {"reads": read_cpu, "simulator": sim_cpu},
                          "read_touched_ring_gbps": touched_gbps,
+                         # The read size of the read alone (the loader's, asked before its
+                         # timing) and of each of the loader's samples (stats()["read_bytes"]).
+                         "read_alone_read_bytes": [s.get("read_bytes")
+                                                   for s in samples[(setting, cache, "read")]],
+                         "samples_read_bytes": [s.get("stats", {}).get("read_bytes")
+                                                for s in runs],
                          "read_alone_methods_gbps": methods_gbps,
                          "seconds": seconds, "gbps": total / seconds / 1e9,
                          "ratio_to_bound": total / seconds / 1e9 / bound,

@@ -36,7 +36,9 @@ struct OpenOptions {
   // at most what the selection needs, within device_budget. copy=true: bytes read ahead of the
   // consumer. Default: 256 MiB, or the selected bytes if fewer. INSTANTTENSOR_BUFFER_SIZE.
   std::optional<int64_t> buffer_size;
-  // Bytes per read request. Default: 8 MiB (rounded up to the O_DIRECT alignment).
+  // Bytes per read request. Default: 8 MiB (rounded up to the O_DIRECT alignment); warm reads
+  // into a staging ring by a process alone: 2-8 MiB, so the ring in use fits half the CPU's
+  // last-level cache (Stats::read_bytes says which).
   std::optional<int64_t> chunk_size;
   // Read worker threads. Default: 4, at most the core count for buffered reads and mapping
   // copies of files mostly in the page cache; 0 (reads on the calling thread) for selections of
@@ -127,9 +129,10 @@ struct Stats {
   // (copy=false or an exchange on an accelerator; bounded by buffer_size and device_budget).
   uint64_t staging_bytes = 0;
   uint64_t device_ring_bytes = 0;
-  // Bytes per read request, chosen at open: OpenOptions::chunk_size as asked, else 8 MiB, or for
-  // warm reads into a staging ring (a process alone) a slice that keeps the ring in use within
-  // half of the CPU's last-level cache (2 MiB on a 32 MiB cache with 2 read workers).
+  // Bytes per read request, chosen at open: OpenOptions::chunk_size (rounded to the alignment),
+  // else 8 MiB; a staged pass's reads through staging: its slice (at most half the staging
+  // ring; unless chunk_size is asked, for warm reads of a process alone, a slice whose ring in use
+  // fits half of the CPU's last-level cache: 2 MiB on a 32 MiB cache with 2 read workers).
   uint64_t read_bytes = 0;
   // Memory advice (madvise) the kernel refused while this loader was open, in the whole process:
   // the load goes on with right bytes, only resident memory or speed differ (a kernel without

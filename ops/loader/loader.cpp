@@ -154,8 +154,9 @@ LoadIntoResult Loader::load_into(const std::vector<std::string>& names,
   auto start = Clock::now();
   // The staging_size asked for at open sizes load_into's bounce ring too, staged or not.
   uint64_t staging = plan::staging_ring_bytes(options_.staging_size, plan_.first_path());
-  loader::fill_destinations(matched.fills, *plan_.checkpoint, *io_, *reads_, plan_.chunk_size,
-                            staging, plan_.mode.staged && options_.device.is_cpu(), stats_);
+  loader::fill_destinations(matched.fills, *plan_.checkpoint, *io_, *reads_,
+                            plan_.mode.staged ? plan_.staged_read_bytes : plan_.chunk_size, staging,
+                            plan_.mode.staged && options_.device.is_cpu(), stats_);
   stats_.wait_seconds += seconds_since(start);
   return matched.result;
 }

@@ -78,10 +78,13 @@ class Loader {
   // The read backend for the options' chain (cold files under `auto`: buffered until
   // settle_read_method).
   void open_io();
-  // chunk_size as asked, or the default, before any rounding; for warm staged reads of a
-  // process alone, a slice fitted to the CPU's last-level cache (loader_read_size.cpp). After
-  // the mode and the read method.
+  // chunk_size as asked, or the default, before any rounding.
   uint64_t requested_chunk() const;
+  // A staged pass's most bytes per read through staging (before the ring caps it), for the
+  // selection's `tensor_bytes`: chunk_size, or for warm reads of a process alone a slice fitted
+  // to the CPU's last-level cache (loader_read_size.cpp). After the mode, the read method and
+  // the chunk size.
+  uint64_t staged_read_bytes(const std::vector<uint64_t>& tensor_bytes) const;
   // Where the ranks meet, decided once: the load mode; with a usable group, after the
   // handshake (returned), which says where the ranks run and agrees on the device budget.
   std::unique_ptr<loader::ExchangeProtocol> choose_mode(

@@ -64,7 +64,7 @@ Loader::Loader(std::vector<std::string> files, const OpenOptions& options) {
   stats_.backend = io_->description();
   stats_.exchange = plan::describe_exchange(plan_.mode);
   stats_.buffer_size = plan_.memory.buffer_size;
-  stats_.read_bytes = plan_.chunk_size;
+  stats_.read_bytes = plan_.mode.staged ? plan_.memory.staging_slice : plan_.chunk_size;
   stats_.open_seconds = seconds_since(start);
   reads_->timeline().record(loader::PassTimeline::Kind::Open, start, Clock::now());
 }
@@ -192,6 +192,8 @@ void Loader::size_and_plan(std::vector<size_t> selected, int world) {
   in.buffer_size = options_.buffer_size;
   in.staging_size = options_.staging_size;
   in.chunk_size = plan_.chunk_size;
+  plan_.staged_read_bytes = staged_read_bytes(in.tensor_bytes);
+  in.staged_read_bytes = plan_.staged_read_bytes;
   // Ranks in step widen alike, whatever each one's alignment (O_DIRECT or not, by its page
   // cache and its timing): the exchange's units must match, and a buffer too small must be refused
   // on every rank at once, not on a cold rank alone while the others wait in a round.

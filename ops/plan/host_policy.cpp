@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "plan/defaults.h"
+#include "plan/memory_plan.h"
 
 namespace instanttensor::plan {
 
@@ -80,9 +81,9 @@ uint64_t choose_staged_read_bytes(const StagedReadInputs& in) {
   // and 0.143: a power of two, the chunk at most and 2 MiB at least, since each read and each
   // copy has a fixed cost (the consumer's booking; on a GPU, a copy's launch and its event).
   const uint64_t slots = 2 * static_cast<uint64_t>(std::max(in.reads_at_once, 1)) + 2;
-  const uint64_t share = in.last_level_cache / 2 / std::max(in.processes_on_host, 1) / slots;
+  const uint64_t ring = in.last_level_cache / 2 / std::max(in.processes_on_host, 1);
   uint64_t slice = 2ull << 20;
-  while (slice * 2 <= share && slice * 2 <= chunk) slice *= 2;
+  while (slice * 2 <= chunk && slots * staging_slot_bytes(slice * 2) <= ring) slice *= 2;
   return std::min(slice, chunk);
 }
 

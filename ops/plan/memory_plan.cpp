@@ -87,8 +87,10 @@ MemoryPlan plan_memory(const MemoryInputs& in, const DescribeTensor& describe,
   // Staging: a few chunks, whatever the checkpoint; large tensors stream through in slices.
   plan.staging_bytes = staging_ring_bytes(in.staging_size, file);
   // One read, widened for O_DIRECT, takes at most half the staging ring; a share, a few reads.
+  const uint64_t staged_read =
+      in.staged_read_bytes ? std::min(in.staged_read_bytes, in.chunk_size) : in.chunk_size;
   plan.staging_slice =
-      staging_slice_bytes(in.chunk_size, plan.staging_bytes, UnitLayout::kSliceAlignment);
+      staging_slice_bytes(staged_read, plan.staging_bytes, UnitLayout::kSliceAlignment);
   plan.layout = UnitLayout(exchange_share_bytes(plan.staging_slice, in.world), in.world);
   if (in.copy && !exchanging) {
     // Owned device tensors: buffer_size bounds the device bytes allocated ahead of the consumer.

@@ -22,9 +22,10 @@ struct MemoryInputs {
   uint64_t buffer_size = 0;    // explicit, or 0 to derive
   uint64_t staging_size = 0;   // explicit, or 0 for the default
   uint64_t chunk_size = plan::defaults::kChunkBytes;  // bytes per read request
-  uint64_t read_widening = 0;                         // O_DIRECT widening of one read (both ends)
-  uint64_t ring_alignment = 64;                       // placement alignment in the host rings
-  uint64_t device_budget = UINT64_MAX;                // staged: device bytes the loader may use
+  uint64_t staged_read_bytes = 0;       // staged: a read through staging at most (0: chunk_size)
+  uint64_t read_widening = 0;           // O_DIRECT widening of one read (both ends)
+  uint64_t ring_alignment = 64;         // placement alignment in the host rings
+  uint64_t device_budget = UINT64_MAX;  // staged: device bytes the loader may use
 };
 
 struct MemoryPlan {

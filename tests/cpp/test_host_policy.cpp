@@ -112,15 +112,18 @@ TEST(StagedReadBytes, EveryCaseOfTheTable) {
       {"cold: the chunk", 0, false, true, 2, 1, 32 * MiB, chunk},
       {"ranks planning alike: the chunk", 0, true, false, 2, 1, 32 * MiB, chunk},
       {"cache unknown: the chunk", 0, true, true, 2, 1, 0, chunk},
-      // 6 slots (2 reads, one queued behind each, 2 under copy) in 16 MiB: 2 MiB slices.
+      // 6 slots (2 reads, one queued behind each, 2 under copy) of a slice and its O_DIRECT
+      // widening in 16 MiB: 2 MiB slices.
       {"warm, 2 reads, 32 MiB cache: 2 MiB", 0, true, true, 2, 1, 32 * MiB, 2 * MiB},
-      {"warm, 2 reads, 48 MiB cache: 4 MiB", 0, true, true, 2, 1, 48 * MiB, 4 * MiB},
+      {"warm, 2 reads, 56 MiB cache: 4 MiB", 0, true, true, 2, 1, 56 * MiB, 4 * MiB},
+      {"warm, 2 reads, 48 MiB: 6 x 4 MiB and widening is over 24", 0, true, true, 2, 1, 48 * MiB,
+       2 * MiB},
       {"warm, 4 reads, 32 MiB cache: 2 MiB at least", 0, true, true, 4, 1, 32 * MiB, 2 * MiB},
-      {"warm, 2 reads, 96 MiB cache: 8 MiB", 0, true, true, 2, 1, 96 * MiB, 8 * MiB},
+      {"warm, 2 reads, 128 MiB cache: 8 MiB", 0, true, true, 2, 1, 128 * MiB, 8 * MiB},
       {"warm, a cache that holds more: the chunk at most", 0, true, true, 4, 1, GiB, chunk},
       {"warm, 4 processes share 256 MiB: 2 MiB", 0, true, true, 4, 4, 256 * MiB, 2 * MiB},
       {"warm, a small cache: 2 MiB at least", 0, true, true, 2, 1, 4 * MiB, 2 * MiB},
-      {"warm, no reads known: counted as one", 0, true, true, 0, 1, 32 * MiB, 4 * MiB},
+      {"warm, no reads known: counted as one", 0, true, true, 0, 1, 40 * MiB, 4 * MiB},
   };
   for (const auto& row : rows) {
     StagedReadInputs in;

@@ -428,7 +428,7 @@ def test_a_pinning_limit_below_the_ring_stages_through_a_smaller_pinned_ring(acc
 
 @pytest.mark.parametrize("cache_bytes, chunk_size, slice_bytes", [
     (24 << 20, None, 2 << 20),  # 6 slots (2 reads, one queued each, 2 under copy) in 12 MiB
-    (48 << 20, None, 4 << 20),
+    (56 << 20, None, 4 << 20),  # 6 x (4 MiB and its O_DIRECT widening) in 28 MiB
     (4 << 20, None, 2 << 20),  # 2 MiB at least
     (0, None, 8 << 20),  # no cache size known: the default chunk
     (24 << 20, 4 << 20, 4 << 20),  # a chunk_size asked is kept
@@ -444,6 +444,11 @@ def test_warm_staged_reads_take_slices_that_fit_half_the_last_level_cache(
     with open(path, "rb") as file:
         file.read()  # every page in the cache
     monkeypatch.setenv("INSTANTTENSOR_TESTING_LLC_BYTES", str(cache_bytes))
+    # What else decides the size: the read method (a pread pool of 2 workers here), a chunk
+    # size, other processes a launcher started beside this one.
+    for name in ("INSTANTTENSOR_BACKEND", "INSTANTTENSOR_CHUNK_SIZE", "LOCAL_WORLD_SIZE",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
     options = {} if chunk_size is None else {"chunk_size": chunk_size}
     for copy in (True, False):
         with instanttensor.safe_open(path, device=accel.kind, copy=copy, concurrency=2,

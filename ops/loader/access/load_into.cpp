@@ -174,7 +174,7 @@ void fill_through_staging(const std::vector<Target>& targets, c10::Device device
 }  // namespace
 
 void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint& checkpoint,
-                       io::IoSetup& io, ReadScheduler& reads, uint64_t chunk_size,
+                       io::IoSetup& io, ReadScheduler& reads, uint64_t staged_read_bytes,
                        uint64_t staging_bytes, bool force_staging, Stats& stats) {
   // Last, on every path: after the waits below, nothing of this call is in flight.
   auto release = c10::make_scope_exit([&] { reads.release_idle_files(); });
@@ -222,7 +222,7 @@ void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint&
   for (const auto& [key, targets] : staged) {
     c10::Device device(static_cast<c10::DeviceType>(key.first),
                        static_cast<c10::DeviceIndex>(key.second));
-    fill_through_staging(targets, device, checkpoint, io, reads, chunk_size, staging_bytes,
+    fill_through_staging(targets, device, checkpoint, io, reads, staged_read_bytes, staging_bytes,
                          sequence, stats);
   }
   for (auto& [memory, fill] : temporaries) {

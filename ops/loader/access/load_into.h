@@ -43,12 +43,13 @@ MatchedDestinations match_destinations(const format::Checkpoint& checkpoint,
 // then one copy). Otherwise: buffered reads straight into the destination (mmap backend: copies
 // from its mapping), spread over the read workers. Accelerator destinations (or every one, with
 // `force_staging`) stream through a pinned staging ring of `staging_bytes` into the destination's
-// bytes on the loader's stream: the loader allocates no device memory. Returns when every
-// destination holds its bytes (device copies finished). A read failure or a file changed since open
-// throws Error naming the file and tensor; destinations filled before it keep their new bytes.
-// Consumer thread; `reads` may carry other tags meanwhile.
+// bytes on the loader's stream, in reads of at most `staged_read_bytes` (the loader's choice for a
+// staged pass: PassPlan::staged_read_bytes): the loader allocates no device memory. Returns when
+// every destination holds its bytes (device copies finished). A read failure or a file changed
+// since open throws Error naming the file and tensor; destinations filled before it keep their new
+// bytes. Consumer thread; `reads` may carry other tags meanwhile.
 void fill_destinations(const std::vector<Fill>& fills, const format::Checkpoint& checkpoint,
-                       io::IoSetup& io, ReadScheduler& reads, uint64_t chunk_size,
+                       io::IoSetup& io, ReadScheduler& reads, uint64_t staged_read_bytes,
                        uint64_t staging_bytes, bool force_staging, Stats& stats);
 
 }  // namespace instanttensor::loader

@@ -28,6 +28,9 @@ struct PassPlan {
   uint64_t io_alignment = 1;  // O_DIRECT alignment of reads (1: buffered)
   uint64_t ring_alignment = 64;
   uint64_t chunk_size = 0;
+  // Staged passes: the most bytes one read takes through staging before the ring caps it
+  // (chunk_size, or for warm reads of a process alone a slice fitted to the CPU's cache).
+  uint64_t staged_read_bytes = 0;
 
   const format::IndexedTensor& tensor_of_item(size_t item) const {
     return checkpoint->tensors()[reads.items[item]];
