@@ -32,9 +32,9 @@ uint64_t page_size();
 // states none (no THP). Read once. Any thread.
 uint64_t largest_folio_bytes();
 
-// Fraction (0..1) of the file's pages resident in the page cache: exact up to 16 MiB, above
-// that estimated from 64 windows of 256 KiB spread over the file (a few hundred microseconds
-// whatever the size). Counts with cachestat(2), or mincore over a mapping that is never touched
+// Fraction (0..1) of the file's pages resident in the page cache: exact up to 1 MiB, above
+// that estimated from 16 windows of 64 KiB spread over the file (tens of microseconds whatever
+// the size). Counts with cachestat(2), or mincore over a mapping that is never touched
 // (so a concurrent truncation cannot fault) where cachestat is missing or blocked. 0 for an
 // empty file or when the file cannot be inspected. Any thread. allow_cachestat=false forces the
 // mincore path (tests).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import torch
 
@@ -59,13 +59,20 @@ def translate_error(error: BaseException) -> BaseException:
     return _KIND_TO_TYPE.get(match.group(1), SafetensorRuntimeError)(match.group(0))
 
 
+def raise_translated(error: RuntimeError) -> NoReturn:
+    """Raises `error` as its mapped type (FileNotFoundError, ValueError, KeyError, ...), or itself
+    when it is not the engine's. For an `except RuntimeError` block where engine_errors()'s
+    generator would cost as much as the call it guards."""
+    mapped = translate_error(error)
+    if mapped is error:
+        raise error
+    raise mapped from None
+
+
 @contextlib.contextmanager
 def engine_errors() -> Iterator[None]:
     """Re-raises engine errors from the block as FileNotFoundError, ValueError, KeyError, ..."""
     try:
         yield
     except RuntimeError as error:
-        mapped = translate_error(error)
-        if mapped is error:
-            raise
-        raise mapped from None
+        raise_translated(error)

@@ -11,10 +11,11 @@ from ._destinations import LoadIntoResult, destination_lists
 from ._device import DeviceLike, free_memory_share
 from ._dtypes import torch_dtype
 from ._engine_reports import engine_stats, timeline_events
-from ._errors import SafetensorValueError, engine_errors, translate_error
+from ._errors import SafetensorValueError, engine_errors, raise_translated, translate_error
 from ._frameworks import as_framework, framework_of
 from ._open_arguments import engine_arguments, file_list, open_target, refuse_missing_files
 from ._selection import Selection
+from ._tensor_metadata import known_metadata
 from ._paths import PathLike
 
 if TYPE_CHECKING:  # imported by get_slice on first use: `import instanttensor` stays cheap
@@ -78,6 +79,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
         _force_staging: bool = False,
     ) -> None:
         self._handle = None
+        self._known_metadata: dict[str, tuple[torch.dtype, torch.Size]] | None = None
         self._closed = False
         self._framework = framework_of(framework)
         free_memory_share(max_free_mem_usage)  # validated for every target, before any I/O
@@ -177,8 +179,18 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
 
     def get_tensor_metadata(self, name: str) -> tuple[torch.dtype, torch.Size]:
         """(dtype, shape) of a tensor without reading its data."""
-        with engine_errors():
-            dtype, shape = self._engine().get_tensor_metadata(name)
+        engine = self._engine()  # also what raises once closed
+        # A try block, not engine_errors()'s generator, which costs as much as the answer.
+        try:
+            known = self._known_metadata
+            if known is None:
+                known = self._known_metadata = known_metadata(engine)
+            entry = known.get(name)
+            if entry is not None:
+                return entry
+            dtype, shape = engine.get_tensor_metadata(name)  # a name not selected: KeyError
+        except RuntimeError as error:
+            raise_translated(error)
         return torch_dtype(dtype), torch.Size(shape)
 
     # -- data ------------------------------------------------------------------------------
@@ -246,8 +258,7 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy slice object (safetensors API); indexing reads only the needed rows."""
         from ._slicing import SafeSlice  # noqa: F811
-        self._engine()
-        return SafeSlice(self, name)
+        return SafeSlice(self, name)  # its metadata is asked of the engine (or raises if closed)
 
     def load_into(self, destinations: Mapping[str, torch.Tensor], *,
                   strict: bool = True) -> LoadIntoResult:

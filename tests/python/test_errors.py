@@ -237,6 +237,20 @@ def test_f6_through_every_entry_point_and_its_metadata(tmp_path, entry_point):
             f.get_tensor_metadata("w")
 
 
+def test_an_f6_tensor_leaves_the_metadata_of_the_others_readable(tmp_path):
+    # The metadata of every tensor is asked for at once (_tensor_metadata.py): the one torch
+    # cannot represent is left out of it, and raises only when asked for by name.
+    path = tmp_path / "f6-and-f32.safetensors"
+    path.write_bytes(raw(json.dumps({"a": entry("F32", [2], 0, 8),
+                                     "w": entry("F6_E2M3", [4], 8, 11)}), b"\0" * 11))
+    with instanttensor.safe_open(str(path)) as f:
+        assert f.get_slice("a").get_shape() == [2]
+        assert f.get_tensor_metadata("a") == (torch.float32, torch.Size([2]))
+        with pytest.raises(ValueError, match="F6_E2M3"):
+            f.get_slice("w")
+        assert f.get_tensor("a").tolist() == [0.0, 0.0]
+
+
 def _rewrite_in_place(path: str) -> None:
     """Same size, new bytes: flips every data byte after the header (mtime moves on)."""
     with open(path, "r+b") as f:

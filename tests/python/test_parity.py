@@ -208,6 +208,37 @@ def test_get_slice_matches_safetensors(model_files):
         assert f.stats()["bytes_read"] - before == 8 * 32 * 2  # only those rows were read
 
 
+@pytest.mark.parametrize("at_once", [True, False], ids=["all-at-once", "name-by-name"])
+def test_tensor_metadata_matches_safetensors_asked_all_at_once_or_name_by_name(
+        tmp_path, monkeypatch, at_once):
+    """The metadata is asked of the engine for every tensor at once (transformers asks for each
+    key's through get_slice), or name by name above KNOWN_METADATA_LIMIT tensors: both answer
+    as the reference does, a tensor torch cannot represent raises only when asked for, and a
+    closed file or an unknown name raise as before."""
+    import instanttensor._tensor_metadata as tensor_metadata
+
+    monkeypatch.setattr(tensor_metadata, "KNOWN_METADATA_LIMIT", 16384 if at_once else 2)
+    tensors = {"a": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.zeros(7, dtype=torch.int8),
+               "c": torch.zeros((), dtype=torch.float64), "d": torch.zeros(0, 4),
+               "e": torch.zeros(4, 3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}
+    path = str(tmp_path / "mixed.safetensors")
+    reference_save(tensors, path)
+    with instanttensor.safe_open(path) as f, reference_open(path, framework="pt") as ref:
+        for name in ref.keys():
+            ours, theirs = f.get_slice(name), ref.get_slice(name)
+            assert (ours.get_shape(), ours.get_dtype()) == (theirs.get_shape(),
+                                                            theirs.get_dtype()), name
+            assert f.get_tensor_metadata(name) == (tensors[name].dtype, tensors[name].shape)
+        with pytest.raises(KeyError, match="missing"):
+            f.get_tensor_metadata("missing")
+    with pytest.raises(instanttensor.SafetensorError, match="closed"):
+        f.get_tensor_metadata("a")
+    with instanttensor.safe_open(path, keys=["a"]) as f:  # a selection: the rest is unknown
+        assert f.get_tensor_metadata("a") == (torch.bfloat16, torch.Size([3, 5]))
+        with pytest.raises(KeyError, match="'b'"):
+            f.get_tensor_metadata("b")
+
+
 def test_transformers_from_pretrained_with_our_safe_open(monkeypatch):
     """transformers 5 opens checkpoints with safe_open(..., backend="mmap") and materializes each
     tensor through get_slice(name)[...]: with ours in place, every parameter is identical."""
