@@ -258,7 +258,8 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     def get_slice(self, name: str) -> SafeSlice:
         """A lazy slice object (safetensors API); indexing reads only the needed rows."""
         from ._slicing import SafeSlice  # noqa: F811
-        return SafeSlice(self, name)  # its metadata is asked of the engine (or raises if closed)
+        self._engine()  # here, so a deferred open's warnings name the caller's line
+        return SafeSlice(self, name)
 
     def load_into(self, destinations: Mapping[str, torch.Tensor], *,
                   strict: bool = True) -> LoadIntoResult:

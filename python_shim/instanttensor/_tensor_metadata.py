@@ -8,9 +8,10 @@ import torch
 
 from ._dtypes import torch_dtype
 
-# Files with more tensors have their metadata asked name by name: one call for all of 100k names
-# would cost more than a client asking for a few of them saves.
-KNOWN_METADATA_LIMIT = 16384
+# Checkpoints with more tensors have their metadata asked name by name: the first call, which
+# asks for all, costs about 1.4 ms at 1024 tensors (a name alone: 8-12 us, so 120 names repay
+# it), 10 ms at 4096 and 50 ms at 16384, which a client asking for a few names would pay.
+KNOWN_METADATA_LIMIT = 1024
 
 
 def known_metadata(engine: Any) -> dict[str, tuple[torch.dtype, torch.Size]]:

@@ -289,7 +289,8 @@ TEST(PageCacheReadAhead, PopulatesWithinTheWindowAheadOfTheConsumerOnly) {
 
 TEST(ResidentFraction, CountsCachedPagesExactlyOrBySampling) {
   TempDir dir;
-  for (uint64_t size : {uint64_t{1} << 20, uint64_t{64} << 20}) {
+  // Counted exactly (1 MiB), sampled just past that, and sampled over a larger file.
+  for (uint64_t size : {uint64_t{1} << 20, (uint64_t{1} << 20) + 4096, uint64_t{64} << 20}) {
     std::string path = dir.file("resident-" + std::to_string(size));
     testing::write_bytes(path, std::string(size, 'x'));
     int fd = ::open(path.c_str(), O_RDONLY);

@@ -241,11 +241,16 @@ def test_an_f6_tensor_leaves_the_metadata_of_the_others_readable(tmp_path):
     # The metadata of every tensor is asked for at once (_tensor_metadata.py): the one torch
     # cannot represent is left out of it, and raises only when asked for by name.
     path = tmp_path / "f6-and-f32.safetensors"
-    path.write_bytes(raw(json.dumps({"a": entry("F32", [2], 0, 8),
-                                     "w": entry("F6_E2M3", [4], 8, 11)}), b"\0" * 11))
+    # The F6 tensor comes first in storage order, so a list that kept its name without its
+    # metadata would shift every later name onto its neighbour's.
+    path.write_bytes(raw(json.dumps({"w": entry("F6_E2M3", [4], 0, 3),
+                                     "a": entry("F32", [2], 3, 11),
+                                     "b": entry("I8", [3, 1], 11, 14)}), b"\0" * 14))
     with instanttensor.safe_open(str(path)) as f:
         assert f.get_slice("a").get_shape() == [2]
         assert f.get_tensor_metadata("a") == (torch.float32, torch.Size([2]))
+        assert f.get_tensor_metadata("b") == (torch.int8, torch.Size([3, 1]))
+        assert set(f._known_metadata) == {"a", "b"}  # asked for all at once
         with pytest.raises(ValueError, match="F6_E2M3"):
             f.get_slice("w")
         assert f.get_tensor("a").tolist() == [0.0, 0.0]

@@ -217,7 +217,7 @@ def test_tensor_metadata_matches_safetensors_asked_all_at_once_or_name_by_name(
     closed file or an unknown name raise as before."""
     import instanttensor._tensor_metadata as tensor_metadata
 
-    monkeypatch.setattr(tensor_metadata, "KNOWN_METADATA_LIMIT", 16384 if at_once else 2)
+    monkeypatch.setattr(tensor_metadata, "KNOWN_METADATA_LIMIT", 5 if at_once else 4)
     tensors = {"a": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.zeros(7, dtype=torch.int8),
                "c": torch.zeros((), dtype=torch.float64), "d": torch.zeros(0, 4),
                "e": torch.zeros(4, 3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)}
@@ -231,6 +231,7 @@ def test_tensor_metadata_matches_safetensors_asked_all_at_once_or_name_by_name(
             assert f.get_tensor_metadata(name) == (tensors[name].dtype, tensors[name].shape)
         with pytest.raises(KeyError, match="missing"):
             f.get_tensor_metadata("missing")
+        assert set(f._known_metadata) == (set(tensors) if at_once else set())
     with pytest.raises(instanttensor.SafetensorError, match="closed"):
         f.get_tensor_metadata("a")
     with instanttensor.safe_open(path, keys=["a"]) as f:  # a selection: the rest is unknown
