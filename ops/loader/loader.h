@@ -85,6 +85,9 @@ class Loader {
   // to the CPU's last-level cache (loader_read_size.cpp). After the mode, the read method and
   // the chunk size.
   uint64_t staged_read_bytes(const std::vector<uint64_t>& tensor_bytes) const;
+  // The read workers for `selected_bytes` (plan::choose_read_threads from the options, the read
+  // method and the cores): what start_reads starts and what staged_read_bytes plans for.
+  int read_threads(uint64_t selected_bytes) const;
   // Where the ranks meet, decided once: the load mode; with a usable group, after the
   // handshake (returned), which says where the ranks run and agrees on the device budget.
   std::unique_ptr<loader::ExchangeProtocol> choose_mode(

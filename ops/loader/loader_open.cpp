@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <thread>
 
 #include "format/parsed_checkpoint.h"
 #include "io/io_setup.h"
@@ -211,17 +210,7 @@ void Loader::size_and_plan(std::vector<size_t> selected, int world) {
 }
 
 void Loader::start_reads(int local_ranks) {
-  // Cores counted once per process: each count reads /sys/devices/system/cpu/online (three
-  // system calls per open of a small file).
-  static const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const bool direct = io_->direct();
-  const plan::ReadThreadInputs in{plan_.reads.total_bytes,
-                                  direct,
-                                  !options_.concurrency && !direct && io_->mostly_resident(),
-                                  plan_.mode.exchanging(),
-                                  options_.concurrency,
-                                  cores};
-  const int threads = plan::choose_read_threads(in);
+  const int threads = read_threads(plan_.reads.total_bytes);
   if (local_ranks > 1) io_->add_note(c10::str(local_ranks, " ranks on this host"));
   int depth = options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_);

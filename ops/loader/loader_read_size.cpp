@@ -17,21 +17,27 @@ uint64_t Loader::requested_chunk() const {
   return options_.chunk_size ? options_.chunk_size : plan::defaults::kChunkBytes;
 }
 
-uint64_t Loader::staged_read_bytes(const std::vector<uint64_t>& tensor_bytes) const {
-  if (!plan_.mode.staged) return plan_.chunk_size;
+int Loader::read_threads(uint64_t selected_bytes) const {
+  // Cores counted once per process: each count reads /sys/devices/system/cpu/online (three
+  // system calls per open of a small file).
   static const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const bool direct = io_->direct();
-  const bool cached = !direct && io_->mostly_resident();
+  const plan::ReadThreadInputs in{selected_bytes,
+                                  direct,
+                                  !options_.concurrency && !direct && io_->mostly_resident(),
+                                  plan_.mode.exchanging(),
+                                  options_.concurrency,
+                                  cores};
+  return plan::choose_read_threads(in);
+}
+
+uint64_t Loader::staged_read_bytes(const std::vector<uint64_t>& tensor_bytes) const {
+  if (!plan_.mode.staged) return plan_.chunk_size;
+  const bool cached = !io_->direct() && io_->mostly_resident();
   // The reads the backend will run at once (start_reads makes the workers after the plan that
-  // needs this size): the same choice, from the same inputs.
-  const plan::ReadThreadInputs threads_in{
-      std::accumulate(tensor_bytes.begin(), tensor_bytes.end(), uint64_t{0}),
-      direct,
-      !options_.concurrency && cached,
-      plan_.mode.exchanging(),
-      options_.concurrency,
-      cores};
-  const int threads = plan::choose_read_threads(threads_in);
+  // needs this size): the same choice.
+  const int threads =
+      read_threads(std::accumulate(tensor_bytes.begin(), tensor_bytes.end(), uint64_t{0}));
   const int depth = options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
   plan::StagedReadInputs in;
   in.requested = options_.chunk_size ? plan_.chunk_size : 0;

@@ -9,13 +9,12 @@ import torch
 
 from ._destinations import LoadIntoResult, destination_lists
 from ._device import DeviceLike, free_memory_share
-from ._dtypes import torch_dtype
 from ._engine_reports import engine_stats, timeline_events
-from ._errors import SafetensorValueError, engine_errors, raise_translated, translate_error
+from ._errors import SafetensorValueError, engine_errors, translate_error
 from ._frameworks import as_framework, framework_of
 from ._open_arguments import engine_arguments, file_list, open_target, refuse_missing_files
 from ._selection import Selection
-from ._tensor_metadata import known_metadata
+from ._tensor_metadata import known_metadata, metadata_of
 from ._paths import PathLike
 
 if TYPE_CHECKING:  # imported by get_slice on first use: `import instanttensor` stays cheap
@@ -180,18 +179,9 @@ class safe_open:  # noqa: N801 - the name both peer APIs use
     def get_tensor_metadata(self, name: str) -> tuple[torch.dtype, torch.Size]:
         """(dtype, shape) of a tensor without reading its data."""
         engine = self._engine()  # also what raises once closed
-        # A try block, not engine_errors()'s generator, which costs as much as the answer.
-        try:
-            known = self._known_metadata
-            if known is None:
-                known = self._known_metadata = known_metadata(engine)
-            entry = known.get(name)
-            if entry is not None:
-                return entry
-            dtype, shape = engine.get_tensor_metadata(name)  # a name not selected: KeyError
-        except RuntimeError as error:
-            raise_translated(error)
-        return torch_dtype(dtype), torch.Size(shape)
+        if self._known_metadata is None:
+            self._known_metadata = known_metadata(engine)
+        return self._known_metadata.get(name) or metadata_of(engine, name)
 
     # -- data ------------------------------------------------------------------------------
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
