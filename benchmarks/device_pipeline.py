@@ -30,7 +30,8 @@ mincore); figures are medians. Per mode and setting:
                   loader advises its staging) and in 4 KiB pages. The host CPU bound: the checkpoint's bytes
                   over the CPU seconds any pipeline spends on this host's cores (the read
                   alone's, and the simulator's stream threads' whole time: copies, waking,
-                  queue handling; each measured) spread over all of them. Beside it (warm),
+                  queue handling; and the host threads' wakes of those threads; each measured)
+                  spread over all of them. Beside it (warm),
                   the read alone into a ring touched before its timing, as this script
                   measured it until 2026-12-07
   host waits      host threads blocking on the device (stream/event synchronize, blocking
@@ -39,6 +40,9 @@ mincore); figures are medians. Per mode and setting:
   loader device peak  device bytes the loader held beyond what it had handed out (copy=True:
                   tensors handed out are the consumer's), at the worst moment of the pass
   pinned peak     pinned host bytes the loader held
+  threads         where the pass's CPU went (a second table): CPU and waits for a core of the
+                  loader's workers (beside the read alone's CPU), the consumer's thread and the
+                  simulator's threads, and the share of the cores no thread used
 A 2-rank row (simulated device, copy=True, warm): each rank on its own device in a device group
 ("cpu:gloo,simdev:simccl", vLLM's shape), its GB/s against one rank alone. The simulated
 collectives carry the control messages through host memory (gloo) and run on a stream of their
@@ -202,6 +206,49 @@ def _read_alone(files: list[str], ring, threads: int = 2, direct: bool = False,
         raise RuntimeError(f"the read alone read {read[0]} bytes of {expected}")
 
 
+def _simulator_cpu(simdev) -> float:
+    """CPU seconds simulating the device has cost the host so far: its streams' threads, and the
+    host's threads waking them for each copy (a GPU's copy engine costs neither)."""
+    if not simdev:
+        return 0.0
+    counters = simdev.counters()
+    return counters["worker_cpu_seconds"] + counters["wake_cpu_seconds"]
+
+
+def _threads_cpu() -> dict:
+    """What each live thread of this process has run so far and waited for a core, in seconds,
+    by role (/proc/self/task/*/schedstat): the loader's workers (named it-*), the simulator's
+    copy threads (simdev-*), the consumer (the main thread, which runs the loader's pass), and
+    any other. Taken while the pass's threads live (before the close joins them)."""
+    roles: dict = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                name = comm.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as stat:
+                ran, waited = (int(v) for v in stat.read().split()[:2])
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        role = ("consumer" if int(tid) == os.getpid() else "loader workers"
+                if name.startswith("it-") else "simulator" if name.startswith("simdev")
+                else "other")
+        ran_before, waited_before = roles.get(role, (0.0, 0.0))
+        roles[role] = (ran_before + ran / 1e9, waited_before + waited / 1e9)
+    return roles
+
+
+def _threads_cpu_since(before: dict, seconds: float) -> dict:
+    """Each role's CPU and wait for a core since `before` (threads started since count from 0),
+    and the share of the host's cores no thread of the process used over `seconds` of wall."""
+    after = _threads_cpu()
+    out = {role: {"cpu_s": ran - before.get(role, (0.0, 0.0))[0],
+                  "waited_for_core_s": waited - before.get(role, (0.0, 0.0))[1]}
+           for role, (ran, waited) in after.items()}
+    busy = sum(r["cpu_s"] for r in out.values())
+    out["cores_idle"] = max(0.0, 1.0 - busy / ((os.cpu_count() or 1) * seconds))
+    return out
+
+
 class Probe:
     """The counters of one pass: host waits and memory (simulated device), or memory (CUDA)."""
 
@@ -284,7 +331,7 @@ def _sample(spec: dict) -> dict:
         simdev.reset_engine_stats()
     if spec.get("timeline"):
         os.environ["INSTANTTENSOR_TIMELINE"] = "1"
-    sim_cpu_start = simdev.counters()["worker_cpu_seconds"] if simdev else 0.0
+    sim_cpu_start = _simulator_cpu(simdev)
     cpu_start = time.process_time()
     start = time.perf_counter()
     if spec["mode"] == "read":
@@ -349,11 +396,13 @@ def _sample(spec: dict) -> dict:
         destinations = {n: torch.empty(shape, dtype=dtype, device=device)
                         for n, (dtype, shape) in shapes.items()}
         probe = Probe(simdev, device)
+        threads = _threads_cpu()
         start, pass_start = time.perf_counter(), time.monotonic()
         with instanttensor.safe_open(files, device=device, **spec.get("options", {})) as f:
             before = probe.waits()
             f.load_into(destinations)
             after = probe.waits()
+            result["threads"] = _threads_cpu_since(threads, time.perf_counter() - start)
         timeline, stats = f.timeline(), f.stats()
         end = probe.waits()  # closed; the synchronize below is the benchmark's own
         _synchronize(simdev, device)
@@ -361,12 +410,12 @@ def _sample(spec: dict) -> dict:
         result["cpu_seconds"] = time.process_time() - cpu_start
         result["pass_end"] = time.monotonic()
         if simdev:
-            result["simulator_cpu_seconds"] = (simdev.counters()["worker_cpu_seconds"]
-                                               - sim_cpu_start)
+            result["simulator_cpu_seconds"] = _simulator_cpu(simdev) - sim_cpu_start
         probe.finish()
     else:
         copy = spec["mode"] == "copy"
         probe = Probe(simdev, device)
+        threads = _threads_cpu()
         start, pass_start = time.perf_counter(), time.monotonic()
         kept = []
         with instanttensor.safe_open(files, device=device, copy=copy,
@@ -379,6 +428,7 @@ def _sample(spec: dict) -> dict:
                     probe.handed_out(tensor.nbytes)
                 del tensor  # borrowed: the consumer is done with the view at once
             after = probe.waits()
+            result["threads"] = _threads_cpu_since(threads, time.perf_counter() - start)
             stats = f.stats()
         timeline = f.timeline()
         end = probe.waits()  # closed; the synchronize below is the benchmark's own
@@ -387,8 +437,7 @@ def _sample(spec: dict) -> dict:
         result["cpu_seconds"] = time.process_time() - cpu_start
         result["pass_end"] = time.monotonic()
         if simdev:
-            result["simulator_cpu_seconds"] = (simdev.counters()["worker_cpu_seconds"]
-                                               - sim_cpu_start)
+            result["simulator_cpu_seconds"] = _simulator_cpu(simdev) - sim_cpu_start
         probe.finish()
         result["handed_out_bytes"] = probe.handed
         result["buffer_size"] = stats["buffer_size"]
@@ -571,6 +620,18 @@ def run(args) -> dict:
                          "read_alone_host_cores": read_cores,
                          # The read method each sample used (cold: timed, and why).
                          "samples_backend": [s.get("stats", {}).get("backend") for s in runs]}
+                # Where the host's CPU went in the pass, by thread role (medians of the samples):
+                # the loader's workers against the read alone's threads (the same reads), the
+                # consumer (the loader's own work: booking reads, queueing copies, handing out
+                # tensors), the simulator's copy threads, and the cores left idle.
+                roles = sorted({r for s in runs for r in s.get("threads", {}) if r != "cores_idle"})
+                entry["threads"] = {
+                    role: {field: _median([s["threads"].get(role, {}).get(field, 0.0)
+                                           for s in runs if "threads" in s])
+                           for field in ("cpu_s", "waited_for_core_s")}
+                    for role in roles}
+                entry["cores_idle"] = _median([s["threads"]["cores_idle"] for s in runs
+                                               if "threads" in s]) if roles else None
                 for field in ("engine_busy", "before_first_copy_s", "after_last_copy_s",
                               "host_waits_in_pass", "host_syncs_in_pass", "host_waits_at_end",
                               "host_syncs_at_end",
@@ -650,6 +711,29 @@ def print_table(result: dict) -> None:
         print(f"| {e['setting']} | warm | {e['mode']} | {e['gbps_per_rank']:.2f} per rank | "
               f"one rank alone {e['one_rank_gbps']:.2f} | {e['ratio_to_one_rank']:.2f} x alone | | | "
               f"| {e['exchange']} | | | |")
+    print_threads_table(result)
+
+
+def print_threads_table(result: dict) -> None:
+    """Where the host's CPU went in each pass (ms, medians): what bounds a cell the CPU bounds."""
+    print("| setting | cache | mode | pass ms | CPU ms: loader workers (read alone, all threads) "
+          "/ consumer / simulator / other | waited for a core ms: workers / consumer / simulator "
+          "| cores idle |")
+    print("|---|---|---|---|---|---|---|")
+    for e in result["entries"]:
+        t = e.get("threads") or {}
+        if not t:
+            continue
+
+        def ms(role, field="cpu_s"):
+            return f"{1000 * t.get(role, {}).get(field, 0.0):.1f}"
+
+        print(f"| {e['setting']} | {e['cache']} | {e['mode']} | {1000 * e['seconds']:.1f} | "
+              f"{ms('loader workers')} ({1000 * e['host_cpu_seconds']['reads']:.1f}) / "
+              f"{ms('consumer')} / {ms('simulator')} / {ms('other')} | "
+              f"{ms('loader workers', 'waited_for_core_s')} / "
+              f"{ms('consumer', 'waited_for_core_s')} / {ms('simulator', 'waited_for_core_s')} | "
+              f"{e['cores_idle']:.2f} |")
 
 
 def plot(result: dict, path: str) -> None:

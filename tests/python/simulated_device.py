@@ -129,11 +129,12 @@ def set_timing(h2d_gbps: float, d2h_gbps: float, latency_us: float = 0.0) -> Non
 def counters() -> dict:
     """Since the process started: host syncs (a host thread asking to wait for the device), host
     waits (those that blocked), queries answered "not yet", and the CPU seconds the streams'
-    worker threads spent (queued work, waking for it, queue handling: what simulating the
-    device costs the host)."""
-    waits, syncs, polls, cpu = torch.ops.simdev.counters()
+    worker threads spent (queued work, waking for it, queue handling) and the CPU seconds the
+    host's threads spent waking those workers for new work: together, what simulating the device
+    costs the host."""
+    waits, syncs, polls, cpu, wakes = torch.ops.simdev.counters()
     return {"host_waits": int(waits), "host_syncs": int(syncs), "pending_polls": int(polls),
-            "worker_cpu_seconds": cpu}
+            "worker_cpu_seconds": cpu, "wake_cpu_seconds": wakes}
 
 
 def set_move_bytes(on: bool) -> None:

@@ -185,6 +185,22 @@ def test_the_simulators_cpu_counts_its_threads_whole_time():
     assert 0.8 * spent <= counted <= 1.05 * spent + 1e6, (counted, spent)
 
 
+def test_the_simulators_cpu_counts_the_host_threads_waking_its_workers():
+    # Each operation enqueued while the stream's worker waits wakes it, on the enqueuing
+    # thread's CPU (a futex wake): also the simulator's cost to the host, which a GPU's copy
+    # engine does not have. It is counted apart from the workers' own CPU, and never beyond what
+    # the enqueuing thread spent.
+    torch.ops.simdev.synchronize(0)
+    before = simdev.counters()
+    thread_before = time.thread_time()
+    for _ in range(1000):
+        torch.ops.simdev.sleep(0, 0)
+        torch.ops.simdev.synchronize(0)  # the worker waits again before the next enqueue
+    spent = time.thread_time() - thread_before
+    woke = simdev.counters()["wake_cpu_seconds"] - before["wake_cpu_seconds"]
+    assert 0 < woke <= spent, (woke, spent)
+
+
 def test_without_moving_bytes_copies_only_take_their_time_but_small_ones_move(timing):
     # Above 64 KiB a copy only takes its time; control messages (a status word) still arrive.
     timing(1.0, 1.0, 0)

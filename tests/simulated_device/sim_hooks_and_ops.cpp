@@ -82,12 +82,13 @@ TORCH_LIBRARY(simdev, m) {
                            t.latency_seconds * 1e6);
   });
   m.def("set_move_bytes(bool on) -> ()", [](bool on) { set_move_bytes(on); });
-  // (host waits, host syncs, pending polls) since the process started (sim_runtime.h): read
-  // before and after a phase.
-  m.def("counters() -> (int, int, int, float)", [] {
+  // (host waits, host syncs, pending polls, workers' CPU s, host threads' CPU s waking them)
+  // since the process started (sim_runtime.h): read before and after a phase.
+  m.def("counters() -> (int, int, int, float, float)", [] {
     Counters c = counters();
     return std::make_tuple(static_cast<int64_t>(c.host_waits), static_cast<int64_t>(c.host_syncs),
-                           static_cast<int64_t>(c.pending_polls), c.worker_cpu_seconds);
+                           static_cast<int64_t>(c.pending_polls), c.worker_cpu_seconds,
+                           c.wake_cpu_seconds);
   });
   m.def("reset_peaks() -> ()", [] { reset_peaks(); });
   m.def("stale_accesses() -> int", [] { return static_cast<int64_t>(stale_accesses()); });

@@ -155,6 +155,9 @@ struct Counters {
   // and waking for it, queue handling, waking the waiters), up to the end of the last operation
   // each ran: what simulating the device costs the host's cores, which a GPU's engines would not.
   double worker_cpu_seconds = 0;
+  // CPU time the enqueuing threads (the host's) spent waking the streams' workers for new work:
+  // also the simulator's cost to the host, spent on the host's own threads.
+  double wake_cpu_seconds = 0;
 };
 Counters counters();
 
