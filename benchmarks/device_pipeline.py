@@ -40,9 +40,11 @@ mincore); figures are medians. Per mode and setting:
   loader device peak  device bytes the loader held beyond what it had handed out (copy=True:
                   tensors handed out are the consumer's), at the worst moment of the pass
   pinned peak     pinned host bytes the loader held
-  threads         where the pass's CPU went (a second table): CPU and waits for a core of the
-                  loader's workers (beside the read alone's CPU), the consumer's thread and the
-                  simulator's threads, and the share of the cores no thread used
+  threads         where the pass's CPU went (a second table), from the open to the last tensor
+                  (before the close): CPU and waits for a core of the loader's threads (it-*,
+                  beside the read alone's CPU), the consumer's thread (which also runs this
+                  script's probe and the wakes of the simulator's workers) and the simulator's
+                  threads, and the share of the cores no thread used
 A 2-rank row (simulated device, copy=True, warm): each rank on its own device in a device group
 ("cpu:gloo,simdev:simccl", vLLM's shape), its GB/s against one rank alone. The simulated
 collectives carry the control messages through host memory (gloo) and run on a stream of their
@@ -216,11 +218,11 @@ def _simulator_cpu(simdev) -> float:
 
 
 def _threads_cpu() -> dict:
-    """What each live thread of this process has run so far and waited for a core, in seconds,
-    by role (/proc/self/task/*/schedstat): the loader's workers (named it-*), the simulator's
-    copy threads (simdev-*), the consumer (the main thread, which runs the loader's pass), and
-    any other. Taken while the pass's threads live (before the close joins them)."""
-    roles: dict = {}
+    """Per live thread of this process (by id): its role and what it has run so far and waited
+    for a core, in seconds (/proc/self/task/*/schedstat). Roles: the loader's threads (named
+    it-*: its read workers, and any read-ahead or lease thread), the simulator's stream threads
+    (simdev-*), the consumer (the main thread, which runs the loader's pass), and any other."""
+    threads: dict = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as comm:
@@ -232,22 +234,24 @@ def _threads_cpu() -> dict:
         role = ("consumer" if int(tid) == os.getpid() else "loader workers"
                 if name.startswith("it-") else "simulator" if name.startswith("simdev")
                 else "other")
-        ran_before, waited_before = roles.get(role, (0.0, 0.0))
-        roles[role] = (ran_before + ran / 1e9, waited_before + waited / 1e9)
-    return roles
+        threads[tid] = (role, ran / 1e9, waited / 1e9)
+    return threads
 
 
 def _threads_cpu_since(before: dict, seconds: float) -> dict:
-    """Each role's CPU and wait for a core since `before` (threads started since count from 0),
-    and the share of the host's cores no thread of the process used over `seconds` of wall."""
-    after = _threads_cpu()
-    out = {role: {"cpu_s": ran - before.get(role, (0.0, 0.0))[0],
-                  "waited_for_core_s": waited - before.get(role, (0.0, 0.0))[1]}
-           for role, (ran, waited) in after.items()}
+    """Each role's CPU and wait for a core since `before`, summed over the threads alive now
+    (one started since counts from 0; one ended since is lost, so take this before the close
+    joins the loader's workers), and the share of the host's cores no thread of the process
+    used over `seconds` of wall."""
+    out: dict = {}
+    for tid, (role, ran, waited) in _threads_cpu().items():
+        _, ran_before, waited_before = before.get(tid, (role, 0.0, 0.0))
+        entry = out.setdefault(role, {"cpu_s": 0.0, "waited_for_core_s": 0.0})
+        entry["cpu_s"] += ran - ran_before
+        entry["waited_for_core_s"] += waited - waited_before
     busy = sum(r["cpu_s"] for r in out.values())
     out["cores_idle"] = max(0.0, 1.0 - busy / ((os.cpu_count() or 1) * seconds))
     return out
-
 
 class Probe:
     """The counters of one pass: host waits and memory (simulated device), or memory (CUDA)."""
@@ -716,7 +720,8 @@ def print_table(result: dict) -> None:
 
 def print_threads_table(result: dict) -> None:
     """Where the host's CPU went in each pass (ms, medians): what bounds a cell the CPU bounds."""
-    print("| setting | cache | mode | pass ms | CPU ms: loader workers (read alone, all threads) "
+    print("| setting | cache | mode | pass ms (to the synchronize) | CPU ms to the last tensor: "
+          "loader workers (read alone, all threads) "
           "/ consumer / simulator / other | waited for a core ms: workers / consumer / simulator "
           "| cores idle |")
     print("|---|---|---|---|---|---|---|")

@@ -188,17 +188,27 @@ def test_the_simulators_cpu_counts_its_threads_whole_time():
 def test_the_simulators_cpu_counts_the_host_threads_waking_its_workers():
     # Each operation enqueued while the stream's worker waits wakes it, on the enqueuing
     # thread's CPU (a futex wake): also the simulator's cost to the host, which a GPU's copy
-    # engine does not have. It is counted apart from the workers' own CPU, and never beyond what
-    # the enqueuing thread spent.
+    # engine does not have. It is counted apart from the workers' own CPU, never beyond what the
+    # enqueuing thread spent, and it is the wake that is counted: enqueues while the worker is
+    # busy (running a 0.5 s operation queued first, so no enqueue wakes it) cost a fraction.
+    gc.collect()  # an earlier test's loader closed by the collector would enqueue in between
     torch.ops.simdev.synchronize(0)
-    before = simdev.counters()
-    thread_before = time.thread_time()
-    for _ in range(1000):
-        torch.ops.simdev.sleep(0, 0)
-        torch.ops.simdev.synchronize(0)  # the worker waits again before the next enqueue
-    spent = time.thread_time() - thread_before
-    woke = simdev.counters()["wake_cpu_seconds"] - before["wake_cpu_seconds"]
-    assert 0 < woke <= spent, (woke, spent)
+
+    def woken(operations, worker_waits: bool) -> tuple[float, float]:
+        before, thread_before = simdev.counters()["wake_cpu_seconds"], time.thread_time()
+        for _ in range(operations):
+            torch.ops.simdev.sleep(0, 0)
+            if worker_waits:
+                torch.ops.simdev.synchronize(0)  # the worker waits again before the next one
+        return (simdev.counters()["wake_cpu_seconds"] - before,
+                time.thread_time() - thread_before)
+
+    idle, spent = woken(1000, worker_waits=True)
+    assert 0 < idle <= spent, (idle, spent)
+    torch.ops.simdev.sleep(0, 500_000)
+    busy, _ = woken(1000, worker_waits=False)  # ~1-3 ms of enqueues, inside the 0.5 s
+    torch.ops.simdev.synchronize(0)
+    assert busy * 2 < idle, (busy, idle)
 
 
 def test_without_moving_bytes_copies_only_take_their_time_but_small_ones_move(timing):

@@ -130,10 +130,15 @@ uint64_t Stream::enqueue(std::function<void()> op) {
     sequence = ++enqueued_;
     queue_.push_back(Queued{sequence, std::move(op), std::chrono::steady_clock::now()});
   }
-  // Woken after the lock is released (a worker woken under it would block on it at once), and
-  // counted as the simulator's cost to the host: a GPU's copy engine wakes no host thread, but
-  // this wake costs the enqueuing thread (the loader's consumer) 5-6 us a copy here, about 3 ms
-  // of a read-bound pass of 491 copies (perf, 2026-12-07).
+  // Woken after the lock is released (a worker woken under it would block on it at once). A
+  // host thread's wake is counted as the simulator's cost to the host: a GPU's copy engine wakes
+  // no host thread, but this wake costs the enqueuing thread (the loader's consumer) 3-6 us a
+  // copy here, 1.3-3 ms of a read-bound pass of 491 copies (2026-12-07). A stream worker's
+  // enqueue (a block freed by an operation's captures) is already in its own count.
+  if (on_stream_worker) {
+    changed_.notify_all();
+    return sequence;
+  }
   const uint64_t before = thread_cpu_nanoseconds();
   changed_.notify_all();
   wake_cpu_nanoseconds.fetch_add(thread_cpu_nanoseconds() - before);
