@@ -191,14 +191,14 @@ int IoSetup::reads_at_once(int threads, int depth) const {
   return std::max(threads, 1);
 }
 
-std::unique_ptr<ReadBackend> IoSetup::start_backend(int threads, int depth) {
+std::unique_ptr<ReadBackend> IoSetup::start_backend(int threads, int depth, uint32_t idle_spin_us) {
   if (mapping_) {
     if (threads == 0) {
       return make_inline_reader([mapping = mapping_](const ReadRequest& request) {
         return copy_from_mapping(*mapping, request);
       });
     }
-    return make_mapped_copy_pool(mapping_, threads);
+    return make_mapped_copy_pool(mapping_, threads, idle_spin_us);
   }
   if (uring_) {
     try {
@@ -212,7 +212,7 @@ std::unique_ptr<ReadBackend> IoSetup::start_backend(int threads, int depth) {
     }
   }
   if (threads == 0) return make_inline_reader(pread_request);
-  return make_pread_pool(threads);
+  return make_pread_pool(threads, idle_spin_us);
 }
 
 }  // namespace instanttensor::io

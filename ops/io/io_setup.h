@@ -72,10 +72,10 @@ class IoSetup {
   int buffered_fd(size_t index) const;
 
   // Starts the backend the chain chose: io_uring when asked for and available, else the pread
-  // pool (or the mapping's copy pool) of `threads` workers; threads == 0 reads inline on the
-  // consumer's thread (small checkpoints; io_uring, when asked for, is kept). Consumer thread;
-  // call once.
-  std::unique_ptr<ReadBackend> start_backend(int threads, int depth);
+  // pool (or the mapping's copy pool) of `threads` workers, idle ones spinning up to
+  // `idle_spin_us` before they sleep; threads == 0 reads inline on the consumer's thread (small
+  // checkpoints; io_uring, when asked for, is kept). Consumer thread; call once.
+  std::unique_ptr<ReadBackend> start_backend(int threads, int depth, uint32_t idle_spin_us = 0);
   // Reads the backend start_backend(threads, depth) gives runs at once: io_uring's depth, else
   // the workers (1 inline).
   int reads_at_once(int threads, int depth) const;

@@ -96,10 +96,13 @@ ReadCompletion copy_from_mapping(const MappedFiles& files, const ReadRequest& re
 }
 
 std::unique_ptr<ReadBackend> make_mapped_copy_pool(std::shared_ptr<const MappedFiles> files,
-                                                   int threads) {
-  return make_worker_pool(threads, [files = std::move(files)](const ReadRequest& request) {
-    return copy_from_mapping(*files, request);
-  });
+                                                   int threads, uint32_t idle_spin_us) {
+  return make_worker_pool(
+      threads,
+      [files = std::move(files)](const ReadRequest& request) {
+        return copy_from_mapping(*files, request);
+      },
+      idle_spin_us);
 }
 
 }  // namespace instanttensor::io

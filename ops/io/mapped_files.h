@@ -60,6 +60,6 @@ class MappedFiles {
 // pool otherwise.
 ReadCompletion copy_from_mapping(const MappedFiles& files, const ReadRequest& request);
 std::unique_ptr<ReadBackend> make_mapped_copy_pool(std::shared_ptr<const MappedFiles> files,
-                                                   int threads);
+                                                   int threads, uint32_t idle_spin_us = 0);
 
 }  // namespace instanttensor::io

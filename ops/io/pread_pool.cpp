@@ -1,5 +1,7 @@
+#include <sched.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -54,8 +56,9 @@ ReadCompletion perform_read(const ReadRequest& request) {
 
 class WorkerPool final : public ReadBackend {
  public:
-  WorkerPool(int threads, std::function<ReadCompletion(const ReadRequest&)> perform)
-      : perform_(std::move(perform)) {
+  WorkerPool(int threads, std::function<ReadCompletion(const ReadRequest&)> perform,
+             uint32_t idle_spin_us)
+      : perform_(std::move(perform)), idle_spin_(std::chrono::microseconds(idle_spin_us)) {
     workers_.reserve(threads);
     try {
       for (int i = 0; i < threads; ++i) {
@@ -74,6 +77,7 @@ class WorkerPool final : public ReadBackend {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
+      wake_spinners_.store(true);
     }
     queued_cv_.notify_all();
     for (auto& worker : workers_) worker.join();
@@ -84,6 +88,7 @@ class WorkerPool final : public ReadBackend {
       std::lock_guard<std::mutex> lock(mutex_);
       queued_.push_back(request);
       ++in_flight_;
+      queued_count_.fetch_add(1, std::memory_order_release);
     }
     queued_cv_.notify_one();
   }
@@ -103,9 +108,23 @@ class WorkerPool final : public ReadBackend {
   }
 
  private:
+  // Keeps the core until a request is queued, the pool stops or idle_spin_ has passed, giving
+  // it to any other runnable thread meanwhile: a worker that sleeps at once is woken for the
+  // consumer's next slice some 0.1-1 ms later on this project's VMs (an idle virtual CPU's
+  // wake-up), where the slice itself takes 0.15-0.3 ms (2 MiB, warm).
+  void spin_while_idle() const {
+    if (idle_spin_.count() == 0) return;
+    const auto until = std::chrono::steady_clock::now() + idle_spin_;
+    while (queued_count_.load(std::memory_order_acquire) == 0 && !wake_spinners_.load() &&
+           std::chrono::steady_clock::now() < until) {
+      ::sched_yield();
+    }
+  }
+
   void work() {
     for (;;) {
       ReadRequest request;
+      spin_while_idle();
       {
         std::unique_lock<std::mutex> lock(mutex_);
         queued_cv_.wait(lock, [this] { return stopping_ || !queued_.empty(); });
@@ -113,6 +132,7 @@ class WorkerPool final : public ReadBackend {
         if (queued_.empty()) return;
         request = queued_.front();
         queued_.pop_front();
+        queued_count_.fetch_sub(1, std::memory_order_relaxed);
       }
       ReadCompletion completion = perform_(request);
       {
@@ -124,6 +144,10 @@ class WorkerPool final : public ReadBackend {
   }
 
   std::function<ReadCompletion(const ReadRequest&)> perform_;
+  const std::chrono::microseconds idle_spin_;
+  // Read without the lock by spinning workers: requests queued, and the pool stopping.
+  std::atomic<size_t> queued_count_{0};
+  std::atomic<bool> wake_spinners_{false};
   mutable std::mutex mutex_;
   std::condition_variable queued_cv_;
   std::condition_variable done_cv_;
@@ -166,12 +190,12 @@ std::unique_ptr<ReadBackend> make_inline_reader(
 ReadCompletion pread_request(const ReadRequest& request) { return perform_read(request); }
 
 std::unique_ptr<ReadBackend> make_worker_pool(
-    int threads, std::function<ReadCompletion(const ReadRequest&)> perform) {
-  return std::make_unique<WorkerPool>(threads < 1 ? 1 : threads, std::move(perform));
+    int threads, std::function<ReadCompletion(const ReadRequest&)> perform, uint32_t idle_spin_us) {
+  return std::make_unique<WorkerPool>(threads < 1 ? 1 : threads, std::move(perform), idle_spin_us);
 }
 
-std::unique_ptr<ReadBackend> make_pread_pool(int threads) {
-  return make_worker_pool(threads, perform_read);
+std::unique_ptr<ReadBackend> make_pread_pool(int threads, uint32_t idle_spin_us) {
+  return make_worker_pool(threads, perform_read, idle_spin_us);
 }
 
 }  // namespace instanttensor::io

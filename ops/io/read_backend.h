@@ -66,8 +66,11 @@ std::unique_ptr<ReadBackend> make_uring_backend(unsigned depth);
 
 // A pool of `threads` workers doing blocking pread calls (buffered I/O), retrying EINTR and
 // EAGAIN and continuing after short reads. Destruction waits for queued requests to finish and
-// joins the workers.
-std::unique_ptr<ReadBackend> make_pread_pool(int threads);
+// joins the workers. A worker that finds no request queued keeps its core for up to
+// `idle_spin_us` microseconds (yielding it to any other runnable thread) before it sleeps:
+// reads that are memory copies, queued a slice at a time, are then picked up at once instead of
+// after a wake-up (plan::choose_worker_spin_us says when).
+std::unique_ptr<ReadBackend> make_pread_pool(int threads, uint32_t idle_spin_us = 0);
 
 // Serves each request on the caller's thread inside submit() (completions are returned in
 // order by wait_completion): for small checkpoints, where starting and joining workers costs
@@ -82,6 +85,7 @@ ReadCompletion pread_request(const ReadRequest& request);
 // The pool behind make_pread_pool with another way to serve a request (`perform` runs on the
 // workers, several at once, and must only write into the request's memory).
 std::unique_ptr<ReadBackend> make_worker_pool(
-    int threads, std::function<ReadCompletion(const ReadRequest&)> perform);
+    int threads, std::function<ReadCompletion(const ReadRequest&)> perform,
+    uint32_t idle_spin_us = 0);
 
 }  // namespace instanttensor::io

@@ -213,7 +213,12 @@ void Loader::start_reads(int local_ranks) {
   const int threads = read_threads(plan_.reads.total_bytes);
   if (local_ranks > 1) io_->add_note(c10::str(local_ranks, " ranks on this host"));
   int depth = options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
-  reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_);
+  plan::WorkerSpinInputs spin;
+  spin.staged = plan_.mode.staged;
+  spin.mostly_cached = !io_->direct() && io_->mostly_resident();
+  spin.alone = !plan_.mode.in_step;
+  reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_,
+                                                   plan::choose_worker_spin_us(spin));
   if (options_.timeline) reads_->timeline().enable();
 }
 

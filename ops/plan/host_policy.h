@@ -56,6 +56,16 @@ struct ReadThreadInputs {
 // Any thread; pure.
 int choose_read_threads(const ReadThreadInputs& in);
 
+// How long an idle read worker keeps its core before it sleeps.
+struct WorkerSpinInputs {
+  bool staged = false;         // reads into a staging ring, queued a slice at a time as it frees
+  bool mostly_cached = false;  // buffered reads of files in the page cache: memory copies
+  bool alone = true;           // no ranks in step sharing this host's cores
+};
+
+// Microseconds (0: sleep at once). Any thread; pure. The figures behind it: host_policy.cpp.
+uint32_t choose_worker_spin_us(const WorkerSpinInputs& in);
+
 // The read size of a pass that reads into a staging ring (a device target, or staging forced).
 struct StagedReadInputs {
   uint64_t requested = 0;         // the caller's chunk_size (0: none asked)

@@ -592,6 +592,34 @@ TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {
   ::close(fd);
 }
 
+TEST(PreadPool, SpinningWorkersServeEachRequestAndStopWithoutWaitingTheSpinOut) {
+  TempDir dir;
+  std::string path = dir.file("data.bin");
+  std::string content(1 << 18, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 13 + 5);
+  testing::write_bytes(path, content);
+  int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string out(content.size(), '\0');
+  std::chrono::steady_clock::time_point stopping;
+  {
+    // Idle workers keep spinning for a minute: each request below finds them spinning, not
+    // asleep, and the destruction must end their spin rather than wait it out.
+    auto backend = io::make_pread_pool(2, 60u * 1000 * 1000);
+    for (uint64_t i = 0; i < 8; ++i) {  // one at a time: every worker idles in between
+      backend->submit(io::ReadRequest{fd, i * 32768, 32768, out.data() + i * 32768, i});
+      auto done = backend->wait_completion();
+      EXPECT_EQ(done.tag, i);
+      EXPECT_EQ(done.bytes, 32768u);
+      EXPECT_EQ(done.error, 0);
+    }
+    stopping = std::chrono::steady_clock::now();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping, std::chrono::seconds(30));
+  EXPECT_EQ(out, content);
+  ::close(fd);
+}
+
 TEST(InlineReader, WaitingWithNothingSubmittedIsAnError) {
   auto reader = io::make_inline_reader([](const io::ReadRequest&) { return io::ReadCompletion{}; });
   EXPECT_THROW(reader->wait_completion(), Error);

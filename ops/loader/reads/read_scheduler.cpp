@@ -12,14 +12,19 @@ Error read_failure_error(const ReadFailure& failure, const std::string& file,
 }
 
 ReadScheduler::ReadScheduler(io::IoSetup& io, int threads, int depth, uint64_t chunk_size,
-                             Stats& stats)
-    : io_(io), threads_(threads), depth_(depth), chunk_size_(chunk_size), stats_(stats) {}
+                             Stats& stats, uint32_t idle_spin_us)
+    : io_(io),
+      threads_(threads),
+      depth_(depth),
+      idle_spin_us_(idle_spin_us),
+      chunk_size_(chunk_size),
+      stats_(stats) {}
 
 ReadScheduler::~ReadScheduler() { drain(); }
 
 io::ReadBackend& ReadScheduler::backend() {
   if (!backend_) {
-    backend_ = io_.start_backend(threads_, depth_);
+    backend_ = io_.start_backend(threads_, depth_, idle_spin_us_);
     stats_.backend = io_.description();
   }
   return *backend_;

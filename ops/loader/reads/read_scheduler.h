@@ -35,8 +35,10 @@ Error read_failure_error(const ReadFailure& failure, const std::string& file,
 // each. Consumer thread only; the backend's workers only write into the memory of the requests.
 class ReadScheduler {
  public:
-  // `io` outlives the scheduler; `stats` receives bytes, requests and read time.
-  ReadScheduler(io::IoSetup& io, int threads, int depth, uint64_t chunk_size, Stats& stats);
+  // `io` outlives the scheduler; `stats` receives bytes, requests and read time. Idle workers
+  // spin up to `idle_spin_us` before they sleep (io::make_pread_pool).
+  ReadScheduler(io::IoSetup& io, int threads, int depth, uint64_t chunk_size, Stats& stats,
+                uint32_t idle_spin_us = 0);
   ~ReadScheduler();
 
   // Submits `range` of file `file_index` in pieces of at most chunk_size, landing at `dest`
@@ -124,6 +126,7 @@ class ReadScheduler {
   io::IoSetup& io_;
   int threads_;
   int depth_;
+  uint32_t idle_spin_us_;
   uint64_t chunk_size_;
   Stats& stats_;
   std::unique_ptr<io::ReadBackend> backend_;
