@@ -67,9 +67,10 @@ std::unique_ptr<ReadBackend> make_uring_backend(unsigned depth);
 // A pool of `threads` workers doing blocking pread calls (buffered I/O), retrying EINTR and
 // EAGAIN and continuing after short reads. Destruction waits for queued requests to finish and
 // joins the workers. A worker that finds no request queued keeps its core for up to
-// `idle_spin_us` microseconds (yielding it to any other runnable thread) before it sleeps:
-// reads that are memory copies, queued a slice at a time, are then picked up at once instead of
-// after a wake-up (plan::choose_worker_spin_us says when).
+// `idle_spin_us` microseconds (yielding it to any other runnable thread) before it sleeps, as
+// long as its idle spells stay shorter than that: reads that are memory copies, queued a slice
+// at a time, are then picked up at once instead of after a wake-up, and a worker that idles
+// for longer spells sleeps through them (plan::choose_worker_spin_us says when).
 std::unique_ptr<ReadBackend> make_pread_pool(int threads, uint32_t idle_spin_us = 0);
 
 // Serves each request on the caller's thread inside submit() (completions are returned in

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <set>
@@ -617,6 +618,53 @@ TEST(PreadPool, SpinningWorkersServeEachRequestAndStopWithoutWaitingTheSpinOut) 
   }
   EXPECT_LT(std::chrono::steady_clock::now() - stopping, std::chrono::seconds(30));
   EXPECT_EQ(out, content);
+  ::close(fd);
+}
+
+namespace {
+// CPU seconds the threads named `name` have run so far (/proc/self/task/*/schedstat).
+double threads_cpu_seconds(const std::string& name) {
+  double total = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string thread;
+    std::getline(comm, thread);
+    if (thread != name) continue;
+    std::ifstream stat(task.path() / "schedstat");
+    uint64_t ran = 0;
+    stat >> ran;
+    total += static_cast<double>(ran) * 1e-9;
+  }
+  return total;
+}
+}  // namespace
+
+TEST(PreadPool, AWorkerWhoseIdleSpellOutlastedTheSpinSleepsThroughTheNext) {
+  TempDir dir;
+  std::string path = dir.file("data.bin");
+  testing::write_bytes(path, std::string(4096, 'q'));
+  int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string out(4096, '\0');
+  auto backend = io::make_pread_pool(1, 100u * 1000);  // spins 100 ms at most
+  auto read_once = [&] {
+    backend->submit(io::ReadRequest{fd, 0, 4096, out.data(), 0});
+    EXPECT_EQ(backend->wait_completion().bytes, 4096u);
+  };
+  // The idle spells themselves are what is tested, so they are waited out here: each is 300 ms,
+  // longer than the spin. The first is spun for 100 ms (its worker came from a short one); it
+  // outlasted the spin, so the worker sleeps through the second.
+  read_once();
+  const double before_first = threads_cpu_seconds("it-read");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  read_once();
+  const double first = threads_cpu_seconds("it-read") - before_first;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double second = threads_cpu_seconds("it-read") - before_first - first;
+  EXPECT_GT(first, 0.02) << "the first idle spell was not spun";
+  EXPECT_LT(second, first / 4) << "the second idle spell was spun too";
+  EXPECT_EQ(out, std::string(4096, 'q'));
+  backend.reset();
   ::close(fd);
 }
 
