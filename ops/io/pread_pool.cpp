@@ -102,6 +102,8 @@ class WorkerPool final : public ReadBackend {
     return completion;
   }
 
+  uint64_t idle_spells_spun() const override { return spun_spells_.load(); }
+
   size_t in_flight() const override {
     std::lock_guard<std::mutex> lock(mutex_);
     return in_flight_;
@@ -129,7 +131,10 @@ class WorkerPool final : public ReadBackend {
     for (;;) {
       ReadRequest request;
       const auto idle_since = std::chrono::steady_clock::now();
-      if (spin) spin_while_idle();
+      if (spin) {
+        spun_spells_.fetch_add(1, std::memory_order_relaxed);
+        spin_while_idle();
+      }
       {
         std::unique_lock<std::mutex> lock(mutex_);
         queued_cv_.wait(lock, [this] { return stopping_ || !queued_.empty(); });
@@ -154,6 +159,7 @@ class WorkerPool final : public ReadBackend {
   // Read without the lock by spinning workers: requests queued, and the pool stopping.
   std::atomic<size_t> queued_count_{0};
   std::atomic<bool> wake_spinners_{false};
+  std::atomic<uint64_t> spun_spells_{0};
   mutable std::mutex mutex_;
   std::condition_variable queued_cv_;
   std::condition_variable done_cv_;

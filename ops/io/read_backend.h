@@ -56,6 +56,9 @@ class ReadBackend {
   virtual ReadCompletion wait_completion() = 0;
   // Requests submitted and not yet returned by wait_completion().
   virtual size_t in_flight() const = 0;
+  // Idle spells the workers spun before sleeping, so far (make_pread_pool's idle_spin_us): what
+  // a test of when workers spin counts, as CPU time cannot on a busy host. Any thread.
+  virtual uint64_t idle_spells_spun() const { return 0; }
 };
 
 // An io_uring ring of `depth` entries, driven from the consumer's thread: reads complete in the

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "format/parsed_checkpoint.h"
 #include "io/io_setup.h"
@@ -216,7 +217,12 @@ void Loader::start_reads(int local_ranks) {
   plan::WorkerSpinInputs spin;
   spin.staged = plan_.mode.staged;
   spin.mostly_cached = !io_->direct() && io_->mostly_resident();
-  spin.alone = !plan_.mode.in_step;
+  // Any other process that may load on this host: ranks found here, a launcher's count, or a
+  // group's size (its ranks may share this host), as the staged read size counts them.
+  const auto& group = options_.process_group;
+  spin.alone = !plan_.mode.in_step && local_ranks <= 1 && loader::launcher_local_ranks() <= 1 &&
+               (!group || group->getSize() <= 1);
+  spin.within_cores = threads <= static_cast<int>(std::thread::hardware_concurrency());
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_,
                                                    plan::choose_worker_spin_us(spin));
   if (options_.timeline) reads_->timeline().enable();

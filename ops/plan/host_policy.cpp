@@ -71,12 +71,13 @@ uint32_t choose_worker_spin_us(const WorkerSpinInputs& in) {
   // each is a memory copy of 0.15-0.6 ms: a worker that sleeps whenever the queue is empty is
   // woken for the next one 0.2-0.4 ms later at the median on this project's 2-core VMs (an idle
   // virtual CPU's wake-up; read-bound warm on the simulated device, 2026-12-07), longer than
-  // the read. Spinning 300 us first (yielding to any runnable thread): copy=True 0.0978 s
-  // against 0.1099 (fresh processes, medians of 12); the consumer spinning for completions too
-  // was slower (0.1203). Reads that wait on the storage, and ranks in step that share the cores,
-  // sleep at once: there the wait is the disk's, or the core is the other rank's.
+  // the read. Spinning 300 us first (yielding to any runnable thread): copy=True 0.0971 s
+  // against 0.1080 (fresh processes, medians of 10); the consumer spinning for completions too
+  // was slower (0.1203 against 0.1099). Reads that wait on the storage sleep at once (the wait
+  // is the disk's), and so do workers that share the cores: with other processes loading on
+  // this host, or more workers than cores (an explicit concurrency).
   constexpr uint32_t kSpinMicros = 300;
-  return in.staged && in.mostly_cached && in.alone ? kSpinMicros : 0;
+  return in.staged && in.mostly_cached && in.alone && in.within_cores ? kSpinMicros : 0;
 }
 
 uint64_t choose_staged_read_bytes(const StagedReadInputs& in) {

@@ -60,7 +60,8 @@ int choose_read_threads(const ReadThreadInputs& in);
 struct WorkerSpinInputs {
   bool staged = false;         // reads into a staging ring, queued a slice at a time as it frees
   bool mostly_cached = false;  // buffered reads of files in the page cache: memory copies
-  bool alone = true;           // no ranks in step sharing this host's cores
+  bool alone = true;           // no other process loading on this host, no ranks in step
+  bool within_cores = true;    // no more workers than the host has cores
 };
 
 // Microseconds (0: sleep at once). Any thread; pure. The figures behind it: host_policy.cpp.

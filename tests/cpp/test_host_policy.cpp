@@ -101,20 +101,23 @@ TEST(ReadThreads, EveryCaseOfTheTable) {
 TEST(WorkerSpin, EveryCaseOfTheTable) {
   struct SpinRow {
     const char* what;
-    bool staged, cached, alone;
+    bool staged, cached, alone, within_cores;
     uint32_t micros;
   };
   const SpinRow rows[] = {
-      {"staged, cached, alone: spin", true, true, true, 300},
-      {"staged, cold: the disk's wait, sleep", true, false, true, 0},
-      {"staged, cached, ranks in step: the cores are shared, sleep", true, true, false, 0},
-      {"host target, cached: sleep", false, true, true, 0},
+      {"staged, cached, alone: spin", true, true, true, true, 300},
+      {"staged, cold: the disk's wait, sleep", true, false, true, true, 0},
+      {"staged, cached, other loads on the host: the cores are shared, sleep", true, true, false,
+       true, 0},
+      {"staged, cached, more workers than cores: sleep", true, true, true, false, 0},
+      {"host target, cached: sleep", false, true, true, true, 0},
   };
   for (const auto& row : rows) {
     WorkerSpinInputs in;
     in.staged = row.staged;
     in.mostly_cached = row.cached;
     in.alone = row.alone;
+    in.within_cores = row.within_cores;
     EXPECT_EQ(choose_worker_spin_us(in), row.micros) << row.what;
   }
 }

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <set>
@@ -604,8 +603,8 @@ TEST(PreadPool, SpinningWorkersServeEachRequestAndStopWithoutWaitingTheSpinOut) 
   std::string out(content.size(), '\0');
   std::chrono::steady_clock::time_point stopping;
   {
-    // Idle workers keep spinning for a minute: each request below finds them spinning, not
-    // asleep, and the destruction must end their spin rather than wait it out.
+    // Idle workers spin for up to a minute: the requests below come one at a time, and the
+    // destruction must end a spin rather than wait it out.
     auto backend = io::make_pread_pool(2, 60u * 1000 * 1000);
     for (uint64_t i = 0; i < 8; ++i) {  // one at a time: every worker idles in between
       backend->submit(io::ReadRequest{fd, i * 32768, 32768, out.data() + i * 32768, i});
@@ -621,24 +620,6 @@ TEST(PreadPool, SpinningWorkersServeEachRequestAndStopWithoutWaitingTheSpinOut) 
   ::close(fd);
 }
 
-namespace {
-// CPU seconds the threads named `name` have run so far (/proc/self/task/*/schedstat).
-double threads_cpu_seconds(const std::string& name) {
-  double total = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string thread;
-    std::getline(comm, thread);
-    if (thread != name) continue;
-    std::ifstream stat(task.path() / "schedstat");
-    uint64_t ran = 0;
-    stat >> ran;
-    total += static_cast<double>(ran) * 1e-9;
-  }
-  return total;
-}
-}  // namespace
-
 TEST(PreadPool, AWorkerWhoseIdleSpellOutlastedTheSpinSleepsThroughTheNext) {
   TempDir dir;
   std::string path = dir.file("data.bin");
@@ -646,23 +627,21 @@ TEST(PreadPool, AWorkerWhoseIdleSpellOutlastedTheSpinSleepsThroughTheNext) {
   int fd = ::open(path.c_str(), O_RDONLY);
   ASSERT_GE(fd, 0);
   std::string out(4096, '\0');
-  auto backend = io::make_pread_pool(1, 100u * 1000);  // spins 100 ms at most
+  auto backend = io::make_pread_pool(1, 200u * 1000);  // spins 200 ms at most
   auto read_once = [&] {
     backend->submit(io::ReadRequest{fd, 0, 4096, out.data(), 0});
     EXPECT_EQ(backend->wait_completion().bytes, 4096u);
   };
-  // The idle spells themselves are what is tested, so they are waited out here: each is 300 ms,
-  // longer than the spin. The first is spun for 100 ms (its worker came from a short one); it
-  // outlasted the spin, so the worker sleeps through the second.
+  // The idle spells themselves are what is tested, so they are waited out here: each is 400 ms,
+  // longer than the spin. The worker spins before the first request and in the first spell
+  // (it came from a short one: the request followed the pool's start at once); the first
+  // outlasted the spin, so it sleeps through the second.
   read_once();
-  const double before_first = threads_cpu_seconds("it-read");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(backend->idle_spells_spun(), 2u) << "the first idle spell was not spun";
   read_once();
-  const double first = threads_cpu_seconds("it-read") - before_first;
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const double second = threads_cpu_seconds("it-read") - before_first - first;
-  EXPECT_GT(first, 0.02) << "the first idle spell was not spun";
-  EXPECT_LT(second, first / 4) << "the second idle spell was spun too";
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(backend->idle_spells_spun(), 2u) << "the second idle spell was spun too";
   EXPECT_EQ(out, std::string(4096, 'q'));
   backend.reset();
   ::close(fd);
