@@ -76,8 +76,7 @@ class WorkerPool final : public ReadBackend {
   void stop_and_join() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-      wake_spinners_.store(true);
+      stopping_.store(true);
     }
     queued_cv_.notify_all();
     for (auto& worker : workers_) worker.join();
@@ -116,7 +115,7 @@ class WorkerPool final : public ReadBackend {
   // wake-up), where the slice itself takes 0.15-0.3 ms (2 MiB, warm).
   void spin_while_idle() const {
     const auto until = std::chrono::steady_clock::now() + idle_spin_;
-    while (queued_count_.load(std::memory_order_acquire) == 0 && !wake_spinners_.load() &&
+    while (queued_count_.load(std::memory_order_acquire) == 0 && !stopping_.load() &&
            std::chrono::steady_clock::now() < until) {
       ::sched_yield();
     }
@@ -156,9 +155,10 @@ class WorkerPool final : public ReadBackend {
 
   std::function<ReadCompletion(const ReadRequest&)> perform_;
   const std::chrono::microseconds idle_spin_;
-  // Read without the lock by spinning workers: requests queued, and the pool stopping.
+  // Read without the lock by spinning workers: requests queued, and the pool stopping (written
+  // under mutex_, so a sleeping worker's wait cannot miss it).
   std::atomic<size_t> queued_count_{0};
-  std::atomic<bool> wake_spinners_{false};
+  std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> spun_spells_{0};
   mutable std::mutex mutex_;
   std::condition_variable queued_cv_;
@@ -166,7 +166,6 @@ class WorkerPool final : public ReadBackend {
   std::deque<ReadRequest> queued_;
   std::deque<ReadCompletion> done_;
   size_t in_flight_ = 0;
-  bool stopping_ = false;
   std::vector<std::thread> workers_;
 };
 

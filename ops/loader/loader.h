@@ -88,6 +88,12 @@ class Loader {
   // The read workers for `selected_bytes` (plan::choose_read_threads from the options, the read
   // method and the cores): what start_reads starts and what staged_read_bytes plans for.
   int read_threads(uint64_t selected_bytes) const;
+  // Reads each worker keeps in flight: io_depth as asked, or the default.
+  int io_depth() const;
+  // Processes that may load beside this one on this host, as far as the open knows before any
+  // handshake: a launcher's count (torchrun, MPI), or the group's size where a group was given
+  // (its ranks may share this host). Both the staged read size and the workers' spin follow it.
+  int processes_on_host() const;
   // Where the ranks meet, decided once: the load mode; with a usable group, after the
   // handshake (returned), which says where the ranks run and agrees on the device budget.
   std::unique_ptr<loader::ExchangeProtocol> choose_mode(

@@ -213,15 +213,12 @@ void Loader::size_and_plan(std::vector<size_t> selected, int world) {
 void Loader::start_reads(int local_ranks) {
   const int threads = read_threads(plan_.reads.total_bytes);
   if (local_ranks > 1) io_->add_note(c10::str(local_ranks, " ranks on this host"));
-  int depth = options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
+  const int depth = io_depth();
   plan::WorkerSpinInputs spin;
   spin.staged = plan_.mode.staged;
   spin.mostly_cached = !io_->direct() && io_->mostly_resident();
-  // Any other process that may load on this host: ranks found here, a launcher's count, or a
-  // group's size (its ranks may share this host), as the staged read size counts them.
-  const auto& group = options_.process_group;
-  spin.alone = !plan_.mode.in_step && local_ranks <= 1 && loader::launcher_local_ranks() <= 1 &&
-               (!group || group->getSize() <= 1);
+  // No other process that may load on this host: no ranks found here, none counted at the open.
+  spin.alone = !plan_.mode.in_step && local_ranks <= 1 && processes_on_host() <= 1;
   spin.within_cores = threads <= static_cast<int>(std::thread::hardware_concurrency());
   reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_,
                                                    plan::choose_worker_spin_us(spin));

@@ -31,6 +31,15 @@ int Loader::read_threads(uint64_t selected_bytes) const {
   return plan::choose_read_threads(in);
 }
 
+int Loader::io_depth() const {
+  return options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
+}
+
+int Loader::processes_on_host() const {
+  const auto& group = options_.process_group;
+  return std::max(loader::launcher_local_ranks(), group ? group->getSize() : 1);
+}
+
 uint64_t Loader::staged_read_bytes(const std::vector<uint64_t>& tensor_bytes) const {
   if (!plan_.mode.staged) return plan_.chunk_size;
   const bool cached = !io_->direct() && io_->mostly_resident();
@@ -38,16 +47,14 @@ uint64_t Loader::staged_read_bytes(const std::vector<uint64_t>& tensor_bytes) co
   // needs this size): the same choice.
   const int threads =
       read_threads(std::accumulate(tensor_bytes.begin(), tensor_bytes.end(), uint64_t{0}));
-  const int depth = options_.io_depth ? options_.io_depth : plan::defaults::kIoDepth;
+  const int depth = io_depth();
   plan::StagedReadInputs in;
   in.requested = options_.chunk_size ? plan_.chunk_size : 0;
   in.mostly_cached = cached;
   in.alone = !plan_.mode.in_step;
   in.reads_at_once = io_->reads_at_once(threads, depth);
-  // Processes that load beside this one share its cache: a launcher's count, or the group's
-  // size where a group took no handshake (its ranks may share this host).
-  const auto& group = options_.process_group;
-  in.processes_on_host = std::max(loader::launcher_local_ranks(), group ? group->getSize() : 1);
+  // Processes that load beside this one share its cache.
+  in.processes_on_host = processes_on_host();
   in.last_level_cache = io::last_level_cache_bytes();
   return std::min(plan::choose_staged_read_bytes(in), plan_.chunk_size);
 }
