@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import statistics
 import time
 
 import pytest
@@ -111,16 +112,15 @@ def test_the_engine_keeps_the_device_clock_however_late_its_thread_runs(timing):
         simdev.set_delays(False)
     log = simdev.engine_log(0, True)
     assert len(log) == len(targets)
-    checked = 0
-    for index, (previous, following) in enumerate(zip(log, log[1:])):
-        # A copy this thread queued only after the one before it ended (the test's own thread
-        # descheduled on a busy host) leaves the engine idle rightly: only the others count.
-        if queued[index + 1] >= previous[1]:
-            continue
-        checked += 1
-        idle = following[0] - previous[1]
-        assert idle < 50e-6, f"the engine idled {idle:.6f} s between queued copies"
-    assert checked >= 1, f"every copy was queued after the one before it ended: {queued}, {log}"
+    # A copy this thread queued only after the one before it ended (the test's own thread
+    # descheduled on a busy host) leaves the engine idle rightly: only the others count. The
+    # median, since the worker's own bookkeeping between two copies can be preempted too; an
+    # engine on the host's clock idles for each operation's delay (1 ms on average).
+    idles = [following[0] - previous[1]
+             for index, (previous, following) in enumerate(zip(log, log[1:]))
+             if queued[index + 1] < previous[1]]
+    assert idles, f"every copy was queued after the one before it ended: {queued}, {log}"
+    assert statistics.median(idles) < 50e-6, f"the engine idled between queued copies: {idles}"
     assert elapsed >= 0.008
 
 
