@@ -88,6 +88,9 @@ class Loader {
   // The read workers for `selected_bytes` (plan::choose_read_threads from the options, the read
   // method and the cores): what start_reads starts and what staged_read_bytes plans for.
   int read_threads(uint64_t selected_bytes) const;
+  // How long an idle read worker of `threads` spins before it sleeps
+  // (plan::choose_worker_spin_us), `local_ranks` ranks of this host reading beside this one.
+  uint32_t worker_spin_us(int threads, int local_ranks) const;
   // Reads each worker keeps in flight: io_depth as asked, or the default.
   int io_depth() const;
   // Processes that may load beside this one on this host, as far as the open knows before any

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <thread>
 
 #include "format/parsed_checkpoint.h"
 #include "io/io_setup.h"
@@ -213,15 +212,8 @@ void Loader::size_and_plan(std::vector<size_t> selected, int world) {
 void Loader::start_reads(int local_ranks) {
   const int threads = read_threads(plan_.reads.total_bytes);
   if (local_ranks > 1) io_->add_note(c10::str(local_ranks, " ranks on this host"));
-  const int depth = io_depth();
-  plan::WorkerSpinInputs spin;
-  spin.staged = plan_.mode.staged;
-  spin.mostly_cached = !io_->direct() && io_->mostly_resident();
-  // No other process that may load on this host: no ranks found here, none counted at the open.
-  spin.alone = !plan_.mode.in_step && local_ranks <= 1 && processes_on_host() <= 1;
-  spin.within_cores = threads <= static_cast<int>(std::thread::hardware_concurrency());
-  reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, depth, plan_.chunk_size, stats_,
-                                                   plan::choose_worker_spin_us(spin));
+  reads_ = std::make_unique<loader::ReadScheduler>(*io_, threads, io_depth(), plan_.chunk_size,
+                                                   stats_, worker_spin_us(threads, local_ranks));
   if (options_.timeline) reads_->timeline().enable();
 }
 
@@ -254,15 +246,13 @@ void Loader::compose_parts(std::unique_ptr<loader::ExchangeProtocol> exchange,
   random_ = std::make_unique<loader::RandomAccess>(plan_, mode, options_.device,
                                                    plan_.device_budget, *io_, *reads_,
                                                    memory_->factory(), memory_->recycled(), stats_);
-  // Ranks of a group that took no handshake may share this host: not alone, as far as known.
-  // A launcher's count says whether replicas of this process (torchrun, MPI) read beside it,
-  // whatever group this load was given (a group of one, or a subgroup, sees only itself): one
-  // that drops pages could drop what a neighbour has not read yet.
-  const auto& group = options_.process_group;
-  const bool group_alone = exchange ? exchange->topology().local_ranks == 1
-                           : group  ? group->getSize() <= 1
-                                    : true;
-  const bool alone_on_host = group_alone && loader::launcher_local_ranks() == 1;
+  // Ranks of a group that took no handshake may share this host: not alone, as far as known
+  // (processes_on_host). A launcher's count says whether replicas of this process (torchrun,
+  // MPI) read beside it, whatever group this load was given (a group of one, or a subgroup, sees
+  // only itself): one that drops pages could drop what a neighbour has not read yet.
+  const bool alone_on_host =
+      exchange ? exchange->topology().local_ranks == 1 && loader::launcher_local_ranks() == 1
+               : processes_on_host() <= 1;
   if (mode.walk_kind() == plan::WalkKind::Exchanging) {
     // Only the read pass exchanges (the mode table gives ranks that exchange no views): made
     // here as such, so the walk gets it with its type, never by a cast.

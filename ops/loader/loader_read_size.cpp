@@ -1,5 +1,6 @@
-// The read sizes chosen at open: the caller's chunk_size or the default, and for warm reads into
-// a staging ring, a slice that keeps the ring in use within the CPU's last-level cache.
+// The reads chosen at open: the caller's chunk_size or the default, and for warm reads into a
+// staging ring, a slice that keeps the ring in use within the CPU's last-level cache; the
+// workers, and how long an idle one spins.
 #include <algorithm>
 #include <numeric>
 #include <thread>
@@ -17,10 +18,19 @@ uint64_t Loader::requested_chunk() const {
   return options_.chunk_size ? options_.chunk_size : plan::defaults::kChunkBytes;
 }
 
-int Loader::read_threads(uint64_t selected_bytes) const {
-  // Cores counted once per process: each count reads /sys/devices/system/cpu/online (three
-  // system calls per open of a small file).
+namespace {
+
+// Cores counted once per process: each count reads /sys/devices/system/cpu/online (three system
+// calls per open of a small file).
+int host_cores() {
   static const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return cores;
+}
+
+}  // namespace
+
+int Loader::read_threads(uint64_t selected_bytes) const {
+  const int cores = host_cores();
   const bool direct = io_->direct();
   const plan::ReadThreadInputs in{selected_bytes,
                                   direct,
@@ -29,6 +39,16 @@ int Loader::read_threads(uint64_t selected_bytes) const {
                                   options_.concurrency,
                                   cores};
   return plan::choose_read_threads(in);
+}
+
+uint32_t Loader::worker_spin_us(int threads, int local_ranks) const {
+  plan::WorkerSpinInputs spin;
+  spin.staged = plan_.mode.staged;
+  spin.mostly_cached = !io_->direct() && io_->mostly_resident();
+  // No other process that may load on this host: no ranks found here, none counted at the open.
+  spin.alone = !plan_.mode.in_step && local_ranks <= 1 && processes_on_host() <= 1;
+  spin.within_cores = threads <= host_cores();
+  return plan::choose_worker_spin_us(spin);
 }
 
 int Loader::io_depth() const {
