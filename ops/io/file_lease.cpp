@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -19,39 +20,11 @@
 #include <utility>
 
 #include "io/direct_io.h"
-#include "io/frozen_pages.h"
+#include "io/lease_registry.h"
 #include "io/process_id.h"
 #include "io/thread_name.h"
 
 namespace instanttensor::io {
-
-// Every lease of this process. Leaked on purpose: the watcher thread and the fork handlers use
-// it until the process ends.
-struct LeaseRegistry {
-  std::mutex mutex;
-  std::vector<FileLease*> leases;
-  pid_t watcher_pid = 0;  // the process whose thread answers lease breaks; 0: none started
-  pid_t watcher_tid = 0;
-  int signal = 0;
-
-  static LeaseRegistry& get() {
-    static LeaseRegistry* registry = new LeaseRegistry;
-    return *registry;
-  }
-
-  // Under `mutex`. Starts the watcher in this process once; false when no thread could start.
-  bool start_watcher();
-  // The watcher's loop: a lease signal names the descriptor whose lease a writer is breaking;
-  // SIGIO (the signal's queue was full) names none, so every lease is asked.
-  void watch(sigset_t set);
-  // Under `mutex`: answers a break of `lease` if one is under way.
-  static void answer(FileLease& lease);
-  // Before a fork: the lock is taken until both processes go on, so the child never inherits it
-  // held by the watcher. Nothing is copied (a fork costs what it costs without leases): the
-  // parent's views stay under their leases; the child's share the parent's pages and, no lease
-  // covering them, see a later rewrite of the file as safetensors' tensors do (README).
-  static void lock_before_fork() { get().mutex.lock(); }
-};
 
 namespace {
 
@@ -70,14 +43,19 @@ bool refused_for_testing() {
 
 void unlock_after_fork() { LeaseRegistry::get().mutex.unlock(); }
 
-uint64_t round_up(uint64_t value, uint64_t to) { return (value + to - 1) / to * to; }
+}  // namespace
 
-uint64_t size_of(int fd) {
+void install_fork_handlers() {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    pthread_atfork(LeaseRegistry::lock_before_fork, unlock_after_fork, unlock_after_fork);
+  });
+}
+
+uint64_t file_size_of(int fd) {
   struct stat st {};
   return ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }
-
-}  // namespace
 
 bool LeaseRegistry::start_watcher() {
   if (watcher_pid == current_process_id()) return true;
@@ -111,10 +89,7 @@ bool LeaseRegistry::start_watcher() {
   }
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (!ok) return false;
-  static std::once_flag fork_handlers;
-  std::call_once(fork_handlers, [] {
-    pthread_atfork(LeaseRegistry::lock_before_fork, unlock_after_fork, unlock_after_fork);
-  });
+  install_fork_handlers();
   watcher_pid = current_process_id();
   watcher_tid = tid;
   return true;
@@ -197,86 +172,6 @@ FileLease::~FileLease() {
     if (held_ && taker_ == current_process_id()) ::fcntl(fd_, F_SETLEASE, F_UNLCK);
   }
   ::close(fd_);
-}
-
-std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint64_t offset,
-                                                   uint64_t nbytes) {
-  // Made before the lock: one that is never listed dies without taking it (after it, below).
-  std::shared_ptr<ViewProtection> protection(
-      new ViewProtection(shared_from_this(), mapping_start, offset, nbytes));
-  auto& registry = LeaseRegistry::get();
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  if (!held_ || taker_ != current_process_id()) return nullptr;
-  // Doubling: reserving one more each time copied the whole list at every kept view.
-  if (protections_.size() == protections_.capacity()) {
-    protections_.reserve(std::max<size_t>(16, 2 * protections_.capacity()));
-  }
-  protection->index_ = protections_.size();
-  protections_.push_back(protection.get());  // no throw: reserved
-  protection->listed_ = true;
-  return protection;
-}
-
-bool FileLease::freeze_all() noexcept {
-  std::vector<ViewProtection*> open;
-  for (ViewProtection* protection : protections_) {
-    if (!protection->frozen_) open.push_back(protection);
-  }
-  std::sort(open.begin(), open.end(),
-            [](const ViewProtection* a, const ViewProtection* b) { return a->begin_ < b->begin_; });
-  const uint64_t size = size_of(fd_);
-  bool all = true;
-  // Neighbouring views make one replacement: one mapping each, not one per tensor
-  // (vm.max_map_count is 65530 by default).
-  for (size_t first = 0; first < open.size();) {
-    uint8_t* start = open[first]->mapping_start_;
-    uint64_t begin = open[first]->begin_;
-    uint64_t end = open[first]->end_;
-    size_t last = first + 1;
-    while (last < open.size() && open[last]->begin_ <= end) end = std::max(end, open[last++]->end_);
-    const bool done =
-        replace_by_copies(start + begin, end - begin, size > begin ? size - begin : 0);
-    for (size_t i = first; i < last; ++i) open[i]->frozen_ = done;
-    all = all && done;
-    first = last;
-  }
-  return all;
-}
-
-ViewProtection::ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mapping_start,
-                               uint64_t offset, uint64_t nbytes)
-    : lease_(std::move(lease)),
-      mapping_start_(mapping_start),
-      begin_(offset / page_size() * page_size()),
-      end_(round_up(offset + nbytes, page_size())) {}
-
-ViewProtection::~ViewProtection() {
-  if (!listed_) return;  // protect() gave it out to no one
-  auto& registry = LeaseRegistry::get();
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  auto& list = lease_->protections_;
-  // Its place taken by the last one: a view dying costs the same however many are kept.
-  list[index_] = list.back();
-  list[index_]->index_ = index_;
-  list.pop_back();
-  if (!frozen_) return;
-  // The file's pages again where no other kept view needs the copies: a later pass over the
-  // same mapping must see the file, not these bytes (nor zeros once unmapped behind its
-  // consumer).
-  std::vector<std::pair<uint64_t, uint64_t>> keep;
-  for (ViewProtection* other : list) {
-    if (other->begin_ < end_ && begin_ < other->end_) keep.emplace_back(other->begin_, other->end_);
-  }
-  std::sort(keep.begin(), keep.end());
-  auto remap = [&](uint64_t begin, uint64_t end) {
-    if (end > begin) restore_file_pages(mapping_start_, lease_->fd_, begin, end - begin);
-  };
-  uint64_t from = begin_;
-  for (auto [begin, end] : keep) {
-    remap(from, std::min(begin, end_));
-    from = std::max(from, end);
-  }
-  remap(from, end_);
 }
 
 }  // namespace instanttensor::io

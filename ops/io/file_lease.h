@@ -18,6 +18,8 @@
 #include <mutex>
 #include <vector>
 
+#include "io/copies_at_once.h"
+
 namespace instanttensor::io {
 
 class ViewProtection;
@@ -42,9 +44,21 @@ class FileLease : public std::enable_shared_from_this<FileLease> {
   // the watcher; in a testing build, INSTANTTENSOR_TESTING_NO_LEASE=1 refuses too.
   // Also nullptr when max_leases() leases are alive already.
   static std::shared_ptr<FileLease> take(int fd);
-  // The most leases this process holds at once: 64, or a sixteenth of the descriptor limit
-  // (RLIMIT_NOFILE, read at each take) where that is less.
+  // Where take() was refused: a holder of the file `fd` reads (a descriptor of its own, counted
+  // with the leases under max_leases()) whose protect() replaces a view's pages by private
+  // copies at once, since no writer will wait for it. A pointer exported from the view (numpy,
+  // DLPack) then reads the copies too, as it does under a lease once a writer came. nullptr
+  // past the cap, or with no descriptor to spare.
+  // `copy` fills the copies (io/frozen_pages.h; the kernel's copy when null).
+  static std::shared_ptr<FileLease> copying_at_once(int fd, PageCopier copy = nullptr);
+  // The most leases (and holders) this process holds at once: 64, or a sixteenth of the
+  // descriptor limit (RLIMIT_NOFILE, read at each take) where that is less.
   static size_t max_leases() noexcept;
+  // The most views frozen at once by copying_at_once() holders in this process. Neighbouring
+  // copies merge into one kernel map area (io/copies_at_once.h), but views kept apart are an
+  // area each and split their file's: an eighth of vm.max_map_count (read once), 8191 at its
+  // default. Past it, the caller copies views out instead.
+  static size_t max_views_copied_at_once() noexcept;
   ~FileLease();
   FileLease(const FileLease&) = delete;
   FileLease& operator=(const FileLease&) = delete;
@@ -52,8 +66,10 @@ class FileLease : public std::enable_shared_from_this<FileLease> {
   // Keeps the tensor bytes [offset, offset + nbytes) of the file, mapped private from offset 0
   // at `mapping_start`, as a view until a writer comes; the whole pages under it are then
   // replaced by private copies before the writer may go on (a write into the view by another
-  // thread between that copy and the replacement is lost). nullptr when the lease is no longer
-  // held (a writer came already) or in a forked child: the caller copies the view instead.
+  // thread between that copy and the replacement is lost). A copying_at_once() holder replaces
+  // them now, under the process's lease lock (a copy of the view's bytes). nullptr when the
+  // lease is no longer held (a writer came already), in a forked child, or when a holder cannot
+  // copy (no memory, max_views_copied_at_once() reached): the caller copies the view instead.
   // Dropping the protection maps the file's own pages back where they had been replaced (an
   // in-place write by a live, unprotected view on a page shared with it is lost then).
   std::shared_ptr<ViewProtection> protect(uint8_t* mapping_start, uint64_t offset, uint64_t nbytes);
@@ -70,6 +86,7 @@ class FileLease : public std::enable_shared_from_this<FileLease> {
   int fd_;       // ours: the lease lives on its open file description
   pid_t taker_;  // a forked child never releases the parent's lease
   bool held_ = true;
+  std::unique_ptr<CopiesAtOnce> copies_;  // copying_at_once(): no lease; protect() copies
   bool registered_ = false;  // in the registry: its destructor takes the registry's lock
   std::vector<ViewProtection*> protections_;
 };

@@ -554,6 +554,111 @@ TEST(FileLease, AWriterWaitsUntilTheProtectedPagesAreCopies) {
   ::close(writing);
 }
 
+// Where the kernel refuses the lease (here: the file is open for writing), a holder copies a
+// view where it is at once: a rewrite and a truncation of the file leave its bytes, with no
+// SIGBUS; dropped, the file's pages are mapped there again; past the cap it copies nothing.
+TEST(FileLease, AHolderWhereTheLeaseIsRefusedCopiesTheViewWhereItIs) {
+  TempDir dir;
+  const std::string path = dir.file("f.bin");
+  const std::string bytes = pattern_bytes(5 * 4096 + 100);
+  testing::write_bytes(path, bytes);
+  const int writing = ::open(path.c_str(), O_WRONLY);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(writing, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(io::FileLease::take(fd), nullptr);
+  auto holder = io::FileLease::copying_at_once(fd);
+  ASSERT_NE(holder, nullptr);
+  auto* map = static_cast<uint8_t*>(
+      ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(fd);  // the holder maps the file's pages back through a descriptor of its own
+  auto view = holder->protect(map, 100, 5000);  // pages 0 and 1
+  ASSERT_NE(view, nullptr);
+  const std::string junk(bytes.size(), 'x');
+  ASSERT_EQ(::pwrite(writing, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
+  EXPECT_EQ(std::memcmp(map + 100, bytes.data() + 100, 5000), 0);  // copies, not the file's
+  EXPECT_EQ(map[3 * 4096], 'x');                                   // an unprotected page
+  view.reset();
+  EXPECT_EQ(map[100], 'x');  // the file's pages again: a later view shows the file
+  view = holder->protect(map, 100, 5000);
+  ASSERT_NE(view, nullptr);
+  ASSERT_EQ(::ftruncate(writing, 0), 0);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(map) + 100, 5000), junk.substr(0, 5000));
+  ::setenv("INSTANTTENSOR_TESTING_VIEWS_COPIED_AT_ONCE_MAX", "1", 1);
+  EXPECT_EQ(holder->protect(map, 12000, 10), nullptr);  // one alive already: the caller copies
+  ::unsetenv("INSTANTTENSOR_TESTING_VIEWS_COPIED_AT_ONCE_MAX");
+  view.reset();  // maps the (now empty) file back: never read again here
+  holder.reset();
+  ::munmap(map, bytes.size());
+  ::close(writing);
+}
+
+namespace {
+// The kernel map areas of this process that meet [start, start + length).
+size_t map_areas_within(const uint8_t* start, uint64_t length) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  size_t areas = 0;
+  const auto begin = reinterpret_cast<uintptr_t>(start);
+  while (std::getline(maps, line)) {
+    const uintptr_t from = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    const uintptr_t to = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
+    if (from < begin + length && to > begin) ++areas;
+  }
+  return areas;
+}
+}  // namespace
+
+// Views of one file copied at once one after the other (load_file keeps them all): their copies
+// merge into one map area, pages shared by neighbours are copied once and kept while either
+// lives, and a view kept again after its copy went gets a copy of its own, right.
+TEST(FileLease, NeighbouringViewsCopiedAtOnceMakeOneMapArea) {
+  TempDir dir;
+  const std::string path = dir.file("f.bin");
+  const uint64_t page = io::page_size();
+  const std::string bytes = pattern_bytes(64 * page);
+  testing::write_bytes(path, bytes);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto holder = io::FileLease::copying_at_once(fd);
+  ASSERT_NE(holder, nullptr);
+  auto* map = static_cast<uint8_t*>(
+      ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(fd);
+  // 20 views of 2.5 pages each from page 2: neighbours share a page. Each is written in place
+  // during its step, as a consumer may.
+  const uint64_t size = page * 5 / 2;
+  auto start_of = [&](uint64_t i) { return 2 * page + 100 + i * size; };
+  std::string expected = bytes;
+  std::vector<std::shared_ptr<io::ViewProtection>> views;
+  for (uint64_t i = 0; i < 20; ++i) {
+    map[start_of(i)] = static_cast<uint8_t>(map[start_of(i)] + 1);
+    expected[start_of(i)] = static_cast<char>(expected[start_of(i)] + 1);
+    views.push_back(holder->protect(map, start_of(i), size));
+    ASSERT_NE(views.back(), nullptr) << i;
+  }
+  // The file before the copies, the copies, the file after them.
+  EXPECT_EQ(map_areas_within(map, bytes.size()), 3u);
+  EXPECT_EQ(std::memcmp(map, expected.data(), bytes.size()), 0);
+  // View 3 goes: its own pages are the file's again, those it shares with views 2 and 4 stay.
+  const uint64_t third = start_of(3);
+  views[3].reset();
+  EXPECT_EQ(map[third], static_cast<uint8_t>(expected[third]));  // its first page: view 2's
+  EXPECT_EQ(map[third + page], static_cast<uint8_t>(bytes[third + page]));
+  EXPECT_EQ(std::memcmp(map + start_of(4), expected.data() + start_of(4), 16 * size), 0);
+  // Written in place and kept again: a copy of its own, where the first one was.
+  map[third + page] = 7;
+  views[3] = holder->protect(map, third, size);
+  ASSERT_NE(views[3], nullptr);
+  EXPECT_EQ(map[third + page], 7);
+  views.clear();  // every page the file's again
+  EXPECT_EQ(std::memcmp(map, bytes.data(), bytes.size()), 0);
+  holder.reset();
+  ::munmap(map, bytes.size());
+}
+
 TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {
   TempDir dir;
   std::string path = dir.file("data.bin");
@@ -632,12 +737,18 @@ TEST(PreadPool, AWorkerWhoseIdleSpellOutlastedTheSpinSleepsThroughTheNext) {
     backend->submit(io::ReadRequest{fd, 0, 4096, out.data(), 0});
     EXPECT_EQ(backend->wait_completion().bytes, 4096u);
   };
-  // The idle spells themselves are what is tested, so they are waited out here: each is 400 ms,
-  // longer than the spin. The worker spins before the first request and in the first spell
-  // (it came from a short one: the request followed the pool's start at once); the first
-  // outlasted the spin, so it sleeps through the second.
+  // The idle spell itself is the stimulus, so it is waited out here: 400 ms, longer than the
+  // spin. The worker spins before the first request and in the first spell (it came from a
+  // short one: the request followed the pool's start at once), which it counts as it begins;
+  // the first outlasted the spin, so it sleeps through the second. A worker preempted past
+  // the first spell's start is waited for; the second is given the time a spun spell would
+  // need to be counted (a worker starved that long passes wrongly, never fails wrongly).
   read_once();
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (backend->idle_spells_spun() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
   EXPECT_EQ(backend->idle_spells_spun(), 2u) << "the first idle spell was not spun";
   read_once();
   std::this_thread::sleep_for(std::chrono::milliseconds(400));

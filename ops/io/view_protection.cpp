@@ -1,0 +1,176 @@
+// FileLease's protections of kept views (io/file_lease.h): listed under a lease until a
+// writer comes, or copied where they are at once by a lease-less holder; and given back to the
+// file's pages when they die.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "io/direct_io.h"
+#include "io/file_lease.h"
+#include "io/frozen_pages.h"
+#include "io/lease_registry.h"
+#include "io/process_id.h"
+
+namespace instanttensor::io {
+
+namespace {
+uint64_t round_up(uint64_t value, uint64_t to) { return (value + to - 1) / to * to; }
+}  // namespace
+
+size_t FileLease::max_views_copied_at_once() noexcept {
+#ifdef INSTANTTENSOR_TESTING_HOOKS
+  // Tests reach the cap with a few views.
+  if (const char* testing = std::getenv("INSTANTTENSOR_TESTING_VIEWS_COPIED_AT_ONCE_MAX")) {
+    return std::strtoull(testing, nullptr, 10);
+  }
+#endif
+  static const size_t cap = [] {
+    uint64_t areas = 65530;  // the kernel's default
+    if (FILE* file = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+      unsigned long long read = 0;
+      if (std::fscanf(file, "%llu", &read) == 1 && read > 0) areas = read;
+      std::fclose(file);
+    }
+    return static_cast<size_t>(areas / 8);
+  }();
+  return cap;
+}
+
+std::shared_ptr<FileLease> FileLease::copying_at_once(int fd, PageCopier copy) {
+  install_fork_handlers();  // before the lock: pthread_atfork may allocate
+  auto& registry = LeaseRegistry::get();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  if (registry.leases.size() >= max_leases()) return nullptr;
+  // A duplicate is enough: no lease lives on it, it only maps the file's pages back.
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return nullptr;
+  std::unique_ptr<FileLease> made;
+  try {
+    made.reset(new FileLease(own));
+  } catch (...) {
+    ::close(own);
+    return nullptr;
+  }
+  made->held_ = false;  // nothing to release, nothing a break could ask
+  try {
+    // Its copies carved from a reservation of the file's size, at the views' own offsets.
+    const uint64_t page = page_size();
+    made->copies_ =
+        std::make_unique<CopiesAtOnce>(copy, (file_size_of(own) + page - 1) / page * page);
+  } catch (...) {
+    return nullptr;  // `made` closes its descriptor
+  }
+  try {
+    registry.leases.reserve(registry.leases.size() + 1);
+    std::shared_ptr<FileLease> holder(std::move(made));
+    registry.leases.push_back(holder.get());
+    holder->registered_ = true;
+    return holder;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint64_t offset,
+                                                   uint64_t nbytes) {
+  // Made before the lock: one that is never listed dies without taking it (after it, below).
+  std::shared_ptr<ViewProtection> protection(
+      new ViewProtection(shared_from_this(), mapping_start, offset, nbytes));
+  auto& registry = LeaseRegistry::get();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  if (!(held_ || copies_) || taker_ != current_process_id()) return nullptr;
+  if (copies_ && registry.views_copied_at_once >= max_views_copied_at_once()) {
+    return nullptr;
+  }
+  // Doubling: reserving one more each time copied the whole list at every kept view.
+  if (protections_.size() == protections_.capacity()) {
+    protections_.reserve(std::max<size_t>(16, 2 * protections_.capacity()));
+  }
+  if (copies_) {
+    // Under the lock, as a break's freeze: a neighbour dying meanwhile cannot map the file's
+    // pages back over a page this view shares with it.
+    if (!copies_->replace(mapping_start, protection->begin_, protection->end_, file_size_of(fd_))) {
+      return nullptr;  // never listed: it dies without the lock
+    }
+    protection->frozen_ = true;
+    registry.views_copied_at_once += 1;
+  }
+  protection->index_ = protections_.size();
+  protections_.push_back(protection.get());  // no throw: reserved
+  protection->listed_ = true;
+  return protection;
+}
+
+bool FileLease::freeze_all() noexcept {
+  std::vector<ViewProtection*> open;
+  for (ViewProtection* protection : protections_) {
+    if (!protection->frozen_) open.push_back(protection);
+  }
+  std::sort(open.begin(), open.end(),
+            [](const ViewProtection* a, const ViewProtection* b) { return a->begin_ < b->begin_; });
+  const uint64_t size = file_size_of(fd_);
+  bool all = true;
+  // Neighbouring views make one replacement: one mapping each, not one per tensor
+  // (vm.max_map_count is 65530 by default).
+  for (size_t first = 0; first < open.size();) {
+    uint8_t* start = open[first]->mapping_start_;
+    uint64_t begin = open[first]->begin_;
+    uint64_t end = open[first]->end_;
+    size_t last = first + 1;
+    while (last < open.size() && open[last]->begin_ <= end) end = std::max(end, open[last++]->end_);
+    const bool done =
+        replace_by_copies(start + begin, end - begin, size > begin ? size - begin : 0);
+    for (size_t i = first; i < last; ++i) open[i]->frozen_ = done;
+    all = all && done;
+    first = last;
+  }
+  return all;
+}
+
+ViewProtection::ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mapping_start,
+                               uint64_t offset, uint64_t nbytes)
+    : lease_(std::move(lease)),
+      mapping_start_(mapping_start),
+      begin_(offset / page_size() * page_size()),
+      end_(round_up(offset + nbytes, page_size())) {}
+
+ViewProtection::~ViewProtection() {
+  if (!listed_) return;  // protect() gave it out to no one
+  auto& registry = LeaseRegistry::get();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  auto& list = lease_->protections_;
+  // Its place taken by the last one: a view dying costs the same however many are kept.
+  list[index_] = list.back();
+  list[index_]->index_ = index_;
+  list.pop_back();
+  if (!frozen_) return;
+  if (lease_->copies_) {
+    registry.views_copied_at_once -= 1;
+    lease_->copies_->dropped(begin_, end_);
+  }
+  // The file's pages again where no other kept view needs the copies: a later pass over the
+  // same mapping must see the file, not these bytes (nor zeros once unmapped behind its
+  // consumer).
+  std::vector<std::pair<uint64_t, uint64_t>> keep;
+  for (ViewProtection* other : list) {
+    if (other->begin_ < end_ && begin_ < other->end_) keep.emplace_back(other->begin_, other->end_);
+  }
+  std::sort(keep.begin(), keep.end());
+  auto remap = [&](uint64_t begin, uint64_t end) {
+    if (end > begin) restore_file_pages(mapping_start_, lease_->fd_, begin, end - begin);
+  };
+  uint64_t from = begin_;
+  for (auto [begin, end] : keep) {
+    remap(from, std::min(begin, end_));
+    from = std::max(from, end);
+  }
+  remap(from, end_);
+}
+
+}  // namespace instanttensor::io
