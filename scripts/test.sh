@@ -41,7 +41,8 @@ step "pytest"
 cd tests/python  # so `import instanttensor` finds the installed package, not python_shim/
 # The device tests run on the simulated accelerator (no GPU here), every operation delayed by a
 # random 0-2 ms so a misplaced fence shows as wrong bytes.
-INSTANTTENSOR_SIMDEV_DELAY=1 INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" "${PYTHON:-python3}" -m pytest \
+INSTANTTENSOR_REQUIRE_LEASES=1 INSTANTTENSOR_SIMDEV_DELAY=1 INSTANTTENSOR_CMAKE_BUILD_DIR="$ROOT/build" \
+  "${PYTHON:-python3}" -m pytest \
   -q -p no:cacheprovider --durations=15 --ignore=test_callers.py .
 cd "$ROOT"
 step "safetensors' own suite with instanttensor in its place"

@@ -8,6 +8,7 @@ fails the test instead of the suite."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import resource
@@ -123,9 +124,10 @@ def test_pickling_exports_set_and_resize_of_kept_tensors(checkpoint, copy, kept_
         assert same_bytes(restored, tensors[n0]) and same_bytes(pickled, tensors[n0])
         assert same_bytes(exported, tensors[n1]) and same_bytes(dlpacked, tensors[n4])
         # An export taken during the step keeps its own pointer into the mapping: under a lease
-        # those pages are private copies once a writer comes; where leases are refused the
-        # tensor is copied and the export keeps viewing the file (README, copy=True).
-        exports_protected = kept_as == "leased"
+        # those pages are private copies once a writer comes; where leases are refused, a view
+        # of 1 MiB or more is copied where it is when the pass moves on. One copied out (a
+        # smaller view, or past the cap) leaves the export viewing the file (README, copy=True).
+        exports_protected = kept_as != "copied out"
         assert same_bytes(torch.from_numpy(array), tensors[n1]) == exports_protected
         assert same_bytes(from_dlpack, tensors[n4]) == exports_protected
         assert torch.equal(replaced, torch.zeros(3))
@@ -134,6 +136,55 @@ def test_pickling_exports_set_and_resize_of_kept_tensors(checkpoint, copy, kept_
         return "ok"
 
     _ok(in_child(body))
+
+
+def test_where_the_lease_is_refused_a_large_view_is_copied_where_it_is(checkpoint, monkeypatch):
+    # Its pages are replaced by private copies at the same addresses when the pass moves on:
+    # the storage is not repointed, so a numpy array taken during the step reads owned bytes,
+    # through a truncation of the file too. Past the process's cap on such copies (each is a
+    # kernel map area) a view is copied out and repointed instead, as a small one always is.
+    monkeypatch.setenv("INSTANTTENSOR_TESTING_NO_LEASE", "1")
+    path, tensors = checkpoint
+    names = sorted(tensors)
+    for cap, copied_in_place in ((None, len(names) - 1), ("3", 3)):
+        if cap:
+            monkeypatch.setenv("INSTANTTENSOR_TESTING_VIEWS_COPIED_AT_ONCE_MAX", cap)
+        reference_save(tensors, path)
+
+        def body():
+            pointers, arrays = {}, {}
+            with instanttensor.safe_open(path, concurrency=2) as f:
+                kept = {}
+                for name, tensor in f.tensors():
+                    kept[name] = tensor
+                    pointers[name] = tensor.data_ptr()
+                    arrays[name] = tensor.numpy()  # during its step
+                stats = f.stats()
+            # The last one was read into owned memory beside the pass: never a view.
+            in_place = [n for n in names[:-1] if kept[n].data_ptr() == pointers[n]]
+            if len(in_place) != copied_in_place or stats["materializations"] != len(names) - 1:
+                return f"{len(in_place)} copied in place, {stats['materializations']} in all"
+            # Neighbours copied where they are make one kernel map area (vm.max_map_count).
+            first, last = kept[in_place[0]], kept[in_place[-1]]
+            span = (first.data_ptr(), last.data_ptr() + last.nbytes)
+            if len(_map_areas_meeting(*span)) != 1:
+                return f"the copies span {_map_areas_meeting(*span)}"
+            os.truncate(path, 0)
+            for name in names:
+                if not same_bytes(kept[name], tensors[name]):
+                    return f"{name} changed"
+                if name in in_place and not same_bytes(torch.from_numpy(arrays[name]),
+                                                        tensors[name]):
+                    return f"the export of {name} changed"
+            return "ok"
+
+        _ok(in_child(body))
+
+
+def _map_areas_meeting(begin: int, end: int) -> list:
+    with open("/proc/self/maps") as maps:
+        ranges = [[int(x, 16) for x in line.split()[0].split("-")] for line in maps]
+    return [(a, b) for a, b in ranges if a < end and b > begin]
 
 
 def _anonymous_kb() -> int:
@@ -204,13 +255,16 @@ def test_a_rewrite_after_a_fork_reaches_a_child_s_leased_views_as_safetensors_te
 @pytest.mark.parametrize("load", ["load_file", "safe_open"])
 def test_keeping_tensors_of_1500_files_under_a_1024_descriptor_limit(tmp_path, monkeypatch, load):
     # One lease (a descriptor) per file kept left the process one free descriptor; leases are
-    # capped (io::FileLease::max_leases), past the cap views are copied. load_file reads files
-    # this small into memory of their own (nothing leased); safe_open's pass keeps views.
+    # capped (io::FileLease::max_leases), past the cap views are copied. 33 tensors a file:
+    # load_file goes through a pass and keeps its views too (a file of 32 or fewer small tensors
+    # is read tensor by tensor: host_policy.h, choose_load_file_path).
     monkeypatch.setenv("INSTANTTENSOR_TESTING_LEASE_MIN_BYTES", "0")
     files = []
     for i in range(1500):
         path = str(tmp_path / f"s{i:04d}.safetensors")
-        reference_save({f"t{i:04d}": torch.full((64,), float(i))}, path)
+        shard = {f"t{i:04d}": torch.full((64,), float(i))}
+        shard.update({f"t{i:04d}.{j:02d}": torch.full((16,), float(j)) for j in range(32)})
+        reference_save(shard, path)
         files.append(path)
 
     def body():
@@ -300,14 +354,15 @@ def test_20000_kept_views_of_one_file_leave_one_map_area(tmp_path, monkeypatch, 
         assert stats["leased_views"] == (20000 if kept_as == "leased" else 0)
 
 
-def test_a_kept_view_with_no_memory_for_its_copy_is_an_out_of_memory_error(tmp_path,
-                                                                           monkeypatch):
-    # Leases refused, the address space capped after the first step: the copy of the view kept
+@pytest.mark.parametrize("kept_as", ["copied", "copied out"], indirect=True)
+def test_a_kept_view_with_no_memory_for_its_copy_is_an_out_of_memory_error(tmp_path, kept_as):
+    # Leases refused, the address space capped after the second step: the copy of the view kept
     # past its step cannot be made. The step raises torch's OutOfMemoryError naming the file and
-    # the tensor; the view stays a view of the file (its bytes right), the handle closes.
-    monkeypatch.setenv("INSTANTTENSOR_TESTING_NO_LEASE", "1")
+    # the tensor; the view stays a view of the file (its bytes and the consumer's write right),
+    # set apart: the unmapping behind the consumer goes on past it (the next view, dropped, is
+    # unmapped), and the close, with memory again, makes it owned.
     torch.manual_seed(3)
-    tensors = {f"t{i}": torch.randn(8 << 20) for i in range(3)}  # 32 MiB each
+    tensors = {f"t{i}": torch.randn(8 << 20) for i in range(5)}  # 32 MiB each
     path = str(tmp_path / "model.safetensors")
     reference_save(tensors, path)
 
@@ -316,25 +371,46 @@ def test_a_kept_view_with_no_memory_for_its_copy_is_an_out_of_memory_error(tmp_p
             iteration = f.tensors()
             name, kept = next(iteration)
             kept.add_(1)  # the consumer's in-place write: private pages of the mapping
-            _, following = next(iteration)  # the tail (the last tensor) is read owned by now
+            _, dropped = next(iteration)
+            assert same_bytes(dropped, tensors["t1"])  # its pages mapped now
+            dropped_pages = (dropped.data_ptr(), dropped.nbytes)
+            del dropped
             with open("/proc/self/status") as status:
                 vm_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize"))
             headroom = 16 << 20  # less than the 32 MiB copy
             resource.setrlimit(resource.RLIMIT_AS, (vm_kb * 1024 + headroom, resource.RLIM_INFINITY))
             try:
-                next(iteration)
-            except torch.OutOfMemoryError as error:
-                message = str(error)
-            else:
-                return "no error"
+                try:
+                    next(iteration)
+                except torch.OutOfMemoryError as error:
+                    message = str(error)
+                else:
+                    return "no error"
+                # The engine's pass goes on past the error (the Python generator ended with it;
+                # the step that failed moved past t2): at each step the view that found no
+                # memory is tried again, unsaid, and once the dropped one is no longer the last
+                # handed out, it is let go and unmapped behind the consumer.
+                following = [f._engine().next()[0] for _ in range(2)]
             finally:
                 resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY,) * 2)
             assert path in message and name in message and "no memory" in message, message
             assert same_bytes(kept, tensors[name] + 1)
-        # Still tracked, never unmapped behind the consumer: the write survives the close (whose
-        # copy, with memory again, makes it owned).
+            assert following == ["t3", "t4"], following
+            if _present_pages(*dropped_pages) > 1:  # but the page it shares with `kept`
+                return "the unmapping stopped at the view that found no memory"
         assert same_bytes(kept, tensors[name] + 1)
         return "ok"
 
     _ok(in_child(body, timeout=60))
+
+
+def _present_pages(address: int, length: int) -> int:
+    """How many pages of [address, address + length) this process has mapped in its page table
+    (/proc/self/pagemap's present bit)."""
+    page = mmap.PAGESIZE
+    first, last = address // page, (address + length - 1) // page
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = pagemap.read((last - first + 1) * 8)
+    return sum(int.from_bytes(entries[i:i + 8], "little") >> 63 for i in range(0, len(entries), 8))
 

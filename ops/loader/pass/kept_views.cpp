@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "io/direct_io.h"
 #include "io/fault_free_copy.h"
 #include "io/untouched_pages.h"
 #include "loader/pass/owned_copy.h"
@@ -45,6 +46,7 @@ KeptViews::KeptViews(const PassPlan& plan, std::shared_ptr<const io::MappedFiles
       mapping_(std::move(mapping)),
       stats_(stats),
       leases_(plan.checkpoint->files().size()),
+      holders_(plan.checkpoint->files().size()),
       leased_(plan.checkpoint->files().size()),
       small_views_kept_(plan.checkpoint->files().size()),
       leased_view_min_bytes_(leased_view_min_bytes()) {}
@@ -84,20 +86,18 @@ bool KeptViews::still_ours(const HandedOutView& view) noexcept {
 
 std::optional<Error> KeptViews::release(size_t keep_item) noexcept {
   std::optional<Error> first;
+  // Views whose copy found no memory at an earlier step: tried again, before the rest.
+  for (auto it = stuck_.begin(); it != stuck_.end();) {
+    it = decide(*it, first) ? stuck_.erase(it) : std::next(it);
+  }
   while (!held_.empty() && held_.front().item != keep_item) {
     HandedOutView view = std::move(held_.front());
     held_.pop_front();
-    // Our reference is the only one left: the consumer dropped every view of it. Or the storage
-    // was repointed (share_memory_, set_, pickling): torch's now, never touched again.
-    if (view.storage.use_count() == 1 || !still_ours(view)) continue;
-    if (keep_under_lease(view)) continue;
-    std::optional<Error> error;
-    const bool owned = make_owned(view, error);
-    const bool report = owned || !view.copy_failed;  // no memory: said once
-    if (error && report && !first) first = std::move(error);
-    if (!owned) {
-      // Still a view: tracked again, its pages stay mapped; tried again at the next step.
-      view.copy_failed = true;
+    if (decide(view, first)) continue;
+    view.copy_failed = true;
+    if (!stick(view)) {
+      // No memory to set it aside either: it stops the unmapping behind the consumer here,
+      // tried again at the next step.
       held_.push_front(std::move(view));
       break;
     }
@@ -105,7 +105,40 @@ std::optional<Error> KeptViews::release(size_t keep_item) noexcept {
   return first;
 }
 
-bool KeptViews::keep_under_lease(const HandedOutView& view) noexcept {
+bool KeptViews::decide(const HandedOutView& view, std::optional<Error>& first) noexcept {
+  // Our reference is the only one left: the consumer dropped every view of it. Or the storage
+  // was repointed (share_memory_, set_, pickling): torch's now, never touched again.
+  if (view.storage.use_count() == 1 || !still_ours(view)) return true;
+  std::optional<Error> error;
+  const bool done = keep_under_lease(view, error) || make_owned(view, error);
+  const bool report = done || !view.copy_failed;  // no memory: said once
+  if (error && report && !first) first = std::move(error);
+  return done;
+}
+
+bool KeptViews::stick(const HandedOutView& view) noexcept {
+  // Still a view: its pages stay mapped behind the consumer, as a leased view's do, while its
+  // storage keeps the pass's DataPtr (the keeper: expired once the view dies or is made owned),
+  // and the unmapping goes on past it.
+  const auto& t = plan_.tensor_of_item(view.item);
+  const uint64_t page = io::page_size();
+  try {
+    stuck_.push_back(view);
+  } catch (...) {
+    return false;
+  }
+  try {
+    leased_.add(t.file_index, t.file_offset, t.nbytes, t.file_offset / page * page,
+                (t.file_offset + t.nbytes + page - 1) / page * page, view.keeper);
+  } catch (...) {
+    stuck_.pop_back();
+    return false;
+  }
+  leased_this_pass_ = true;  // a later pass reads its bytes into owned memory
+  return true;
+}
+
+bool KeptViews::keep_under_lease(const HandedOutView& view, std::optional<Error>& error) noexcept {
   const auto& t = plan_.tensor_of_item(view.item);
   // A small view takes its file's lease (a descriptor) only once a second view of the file is
   // kept (load_file keeps them all), or when the lease is there already: a single one held for
@@ -115,20 +148,41 @@ bool KeptViews::keep_under_lease(const HandedOutView& view) noexcept {
     return false;
   }
   io::FileLease* lease = lease_of(t.file_index);
+  // Refused, a large view is copied where it is (its pages replaced by private copies), so
+  // that a pointer exported during its step reads owned bytes too; a small one is copied out.
+  const bool at_once = !lease && t.nbytes >= kLeasedViewMinBytes;
+  if (at_once) lease = holder_of(t.file_index);
   if (!lease) return false;
+  const auto start = Clock::now();
   try {
     plan_.checkpoint->check_unchanged(t.file_index, t.name());
-    uint8_t* start = mapping_->data(t.file_index);
-    auto protection = lease->protect(start, static_cast<uint64_t>(view.data - start), t.nbytes);
+    uint8_t* mapped = mapping_->data(t.file_index);
+    auto protection = lease->protect(mapped, static_cast<uint64_t>(view.data - mapped), t.nbytes);
     if (!protection) return false;
     leased_.add(t.file_index, t.file_offset, t.nbytes, protection);
     // The storage is not touched: its DataPtr's keeper holds the protection while it lives.
     view.keeper->protection = std::move(protection);
-    stats_.leased_views += 1;
     leased_this_pass_ = true;
+    if (!at_once) {
+      stats_.leased_views += 1;
+      return true;
+    }
+    stats_.materializations += 1;
+    stats_.copy_seconds += seconds_since(start);
+    // A change of the file during the copy is said as make_owned says it: the copy stays.
+    plan_.checkpoint->check_unchanged(t.file_index, t.name());
+    return true;
+  } catch (const Error& e) {
+    if (!view.keeper->protection) return false;  // changed since open: make_owned says so
+    try {
+      error.emplace(
+          ErrorKind::Io, plan_.checkpoint->files()[t.file_index].path, t.name(),
+          std::string("the file changed while the tensor was held as a view of it: ") + e.what());
+    } catch (...) {
+    }
     return true;
   } catch (...) {
-    return false;  // changed since open, or no memory: make_owned says which
+    return false;  // no memory: make_owned says so
   }
 }
 
@@ -204,6 +258,19 @@ io::FileLease* KeptViews::lease_of(size_t file) noexcept {
   return leases_[file]->get();
 }
 
+io::FileLease* KeptViews::holder_of(size_t file) noexcept {
+  if (!holders_[file]) {
+    try {
+      // The copies filled as a view copied out is (owned_copy.h): two threads, no zeroing.
+      holders_[file] =
+          io::FileLease::copying_at_once(plan_.checkpoint->descriptor(file), &copy_into_untouched);
+    } catch (...) {
+      holders_[file] = nullptr;  // no memory, or the file is no longer the one validated
+    }
+  }
+  return holders_[file]->get();
+}
+
 bool KeptViews::lease_available(size_t file) noexcept { return lease_of(file) != nullptr; }
 
 bool KeptViews::shown_by_a_leased_view(size_t item) {
@@ -221,6 +288,9 @@ void KeptViews::begin_pass() {
 void KeptViews::abandon_after_fork() noexcept {
   for (auto& lease : leases_) {
     if (!lease) lease = nullptr;
+  }
+  for (auto& holder : holders_) {
+    if (!holder) holder = nullptr;  // a holder of the parent's copies nothing in a child
   }
 }
 

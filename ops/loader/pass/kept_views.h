@@ -47,13 +47,18 @@ struct HandedOutView {
 //   kernel grants the lease, within io::FileLease::max_leases() files of the process at once
 //   (a descriptor each: they stay bounded whatever the number of files; past it views are
 //   copied);
+// - where the lease is refused, a view of 1 MiB or more is copied where it is: its pages replaced
+//   by private copies at the same addresses (io::FileLease::copying_at_once), so a numpy or
+//   DLPack export taken during its step reads owned bytes too;
 // - else copied into owned memory (the kernel's copy, never a SIGBUS if the file shrank) and its
 //   storage repointed (set_data_ptr_noswap). A copy that finds no memory is Error(OutOfMemory)
-//   naming the file and tensor, once: the view stays tracked (its pages mapped, so neither an
-//   in-place write of it nor its bytes are lost), and its copy is tried again at the next steps.
+//   naming the file and tensor, once: the view stays tracked apart (its pages mapped, so
+//   neither an in-place write of it nor its bytes are lost), its copy is tried again at the
+//   next steps, and the unmapping behind the consumer goes on past it.
 // Consumer thread only (the loader's lock). A repoint by another thread racing a step (a
-// multiprocessing Queue's feeder thread pickling a tensor while next() runs) is safe on the lease
-// path (nothing of the storage is written) but not on the copy path: the README says so.
+// multiprocessing Queue's feeder thread pickling a tensor while next() runs) is safe where the
+// view is leased or copied where it is (nothing of the storage is written) but not where it is
+// copied out: the README says so.
 class KeptViews {
  public:
   // `plan` and `stats` outlive this part.
@@ -94,20 +99,31 @@ class KeptViews {
  private:
   // True while `view`'s storage still carries the DataPtr the pass made.
   static bool still_ours(const HandedOutView& view) noexcept;
-  // Keeps `view` under its file's lease; false when it is not to be leased or cannot be.
-  bool keep_under_lease(const HandedOutView& view) noexcept;
+  // Lets `view` go, keeps it under a lease or copies it; false when its copy found no memory.
+  // Its error, if any, goes to `first` unless one is there (no memory: only the first time).
+  bool decide(const HandedOutView& view, std::optional<Error>& first) noexcept;
+  // Sets aside `view`, whose copy found no memory: tracked in stuck_ and its pages kept mapped;
+  // false when there is no memory for that either.
+  bool stick(const HandedOutView& view) noexcept;
+  // Keeps `view` under its file's lease, or, refused, copies a large one where it is (its
+  // pages replaced by private copies: io::FileLease::copying_at_once); false when neither is to
+  // be done or can be (make_owned then). `error`: set when the file changed during that copy.
+  bool keep_under_lease(const HandedOutView& view, std::optional<Error>& error) noexcept;
   // Copies `view` into owned memory and repoints its storage; false when there was no memory
   // (it stays a view). `error`: set when its file changed since open or shrank (the missing
   // bytes are zeros then), or there was no memory.
   bool make_owned(const HandedOutView& view, std::optional<Error>& error) noexcept;
   io::FileLease* lease_of(size_t file) noexcept;
+  io::FileLease* holder_of(size_t file) noexcept;  // where lease_of is nullptr
 
   const PassPlan& plan_;
   std::shared_ptr<const io::MappedFiles> mapping_;
   Stats& stats_;
   std::deque<HandedOutView> held_;
+  std::deque<HandedOutView> stuck_;  // copies that found no memory: tried again at each step
   // Per file: nullopt until lease_of asks; then the lease, or nullptr where refused.
   std::vector<std::optional<std::shared_ptr<io::FileLease>>> leases_;
+  std::vector<std::optional<std::shared_ptr<io::FileLease>>> holders_;  // copying_at_once
   LeasedViews leased_;
   std::vector<uint32_t> small_views_kept_;  // per file, before its lease was asked for
   uint64_t leased_view_min_bytes_;          // smaller kept views are copied

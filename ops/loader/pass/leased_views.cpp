@@ -1,13 +1,14 @@
 #include "loader/pass/leased_views.h"
 
 #include <iterator>
+#include <utility>
 
 namespace instanttensor::loader {
 
-void LeasedViews::add(size_t file, uint64_t offset, uint64_t nbytes,
-                      const std::shared_ptr<io::ViewProtection>& protection) {
-  by_file_[file].insert_or_assign(
-      offset, Entry{offset + nbytes, protection->begin(), protection->end(), protection});
+void LeasedViews::add(size_t file, uint64_t offset, uint64_t nbytes, uint64_t pages_begin,
+                      uint64_t pages_end, std::weak_ptr<const void> alive) {
+  by_file_[file].insert_or_assign(offset,
+                                  Entry{offset + nbytes, pages_begin, pages_end, std::move(alive)});
 }
 
 bool LeasedViews::shows_bytes(size_t file, uint64_t offset, uint64_t nbytes) {
@@ -21,7 +22,7 @@ bool LeasedViews::forget_ended() {
   bool any = false;
   for (auto& index : by_file_) {
     for (auto it = index.begin(); it != index.end();) {
-      it = it->second.protection.expired() ? index.erase(it) : std::next(it);
+      it = it->second.alive.expired() ? index.erase(it) : std::next(it);
     }
     any = any || !index.empty();
   }

@@ -17,9 +17,10 @@
 
 namespace instanttensor::loader {
 
-// Not thread-safe: the consumer's thread only (PageCacheViews' steps). Holds the protections
-// weakly: a view's storage owns its protection, and an entry whose view died is forgotten when
-// a lookup meets it or at forget_ended(). The views of one file never share a byte (a later pass
+// Not thread-safe: the consumer's thread only (PageCacheViews' steps). Holds what keeps each
+// view weakly (its protection, or for a view whose copy found no memory, its storage's
+// keeper): an entry whose view died, or was made owned, is forgotten when a lookup meets it or
+// at forget_ended(). The views of one file never share a byte (a later pass
 // reads bytes a leased view shows into owned memory), so ordered by first byte, their page and
 // byte ends are ordered too.
 class LeasedViews {
@@ -29,7 +30,13 @@ class LeasedViews {
   // A view of `file`'s bytes [offset, offset + nbytes), kept under `protection`. Throws
   // std::bad_alloc (nothing added then).
   void add(size_t file, uint64_t offset, uint64_t nbytes,
-           const std::shared_ptr<io::ViewProtection>& protection);
+           const std::shared_ptr<io::ViewProtection>& protection) {
+    add(file, offset, nbytes, protection->begin(), protection->end(), protection);
+  }
+  // A view of those bytes whose pages [pages_begin, pages_end) stay mapped while `alive` does.
+  // Throws std::bad_alloc (nothing added then).
+  void add(size_t file, uint64_t offset, uint64_t nbytes, uint64_t pages_begin, uint64_t pages_end,
+           std::weak_ptr<const void> alive);
   // True when a live leased view shows some of `file`'s bytes [offset, offset + nbytes).
   bool shows_bytes(size_t file, uint64_t offset, uint64_t nbytes);
   // Calls `kept(first, last)` for the page range [first, last) of each live leased view of
@@ -47,7 +54,7 @@ class LeasedViews {
     uint64_t bytes_end;
     uint64_t pages_begin;
     uint64_t pages_end;
-    std::weak_ptr<io::ViewProtection> protection;
+    std::weak_ptr<const void> alive;
   };
   using Index = std::map<uint64_t, Entry>;  // by the view's first byte
   static std::pair<uint64_t, uint64_t> pages(const Index::value_type& e) {
@@ -68,7 +75,7 @@ class LeasedViews {
     while (it != index.end()) {
       const auto [first, last] = range(*it);
       if (first >= end) break;
-      if (it->second.protection.expired()) {
+      if (it->second.alive.expired()) {
         it = index.erase(it);
         continue;
       }
