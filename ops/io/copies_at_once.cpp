@@ -1,6 +1,7 @@
 #include "io/copies_at_once.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,20 +11,30 @@
 
 namespace instanttensor::io {
 
-CopiesAtOnce::~CopiesAtOnce() {
-  if (!reserve_ || reserve_lost_) return;
-  // Only what is left of the reservation: its holes may hold other mappings of the process now.
-  uint64_t from = 0;
-  for (auto [begin, end] : taken_) {
-    if (begin > from) ::munmap(reserve_ + from, begin - from);
-    from = end;
+CopiesAtOnce::~CopiesAtOnce() { release_reservation(); }
+
+void CopiesAtOnce::release_reservation() noexcept {
+  if (reserve_ && !reserve_lost_) {
+    // Only what is left of it: its holes may hold other mappings of the process now.
+    uint64_t from = 0;
+    for (auto [begin, end] : taken_) {
+      if (begin > from) ::munmap(reserve_ + from, begin - from);
+      from = end;
+    }
+    if (reserve_bytes_ > from) ::munmap(reserve_ + from, reserve_bytes_ - from);
   }
-  if (reserve_bytes_ > from) ::munmap(reserve_ + from, reserve_bytes_ - from);
+  reserve_ = nullptr;  // a lost one stays as it is: address space, never memory
+  reserve_lost_ = false;
+  taken_.clear();
 }
 
 uint8_t* CopiesAtOnce::reserve(uint64_t bytes) noexcept {
-  // Address space only: PROT_NONE is charged to no commit limit (vm.overcommit_memory=2 too);
-  // a copy's range is made writable, and charged, as it is filled.
+  // Address space only, but counted by RLIMIT_AS: where that is set (ulimit -v), a reservation
+  // of a file's size could fail the process's other allocations; each copy is mapped alone.
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur != RLIM_INFINITY) return nullptr;
+  // PROT_NONE is charged to no commit limit, under vm.overcommit_memory=2 too (which ignores
+  // MAP_NORESERVE): a copy's range is made writable, and charged there, as it is filled.
   void* mapped =
       ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mapped == MAP_FAILED) return nullptr;
@@ -58,8 +69,8 @@ bool CopiesAtOnce::replace(uint8_t* mapping_start, uint64_t begin, uint64_t end,
   uint64_t last = end;
   if (first < last && covered(first)) first += page;
   if (first < last && covered(last - page)) last -= page;
+  // Where none can be had, each copy is a fresh mapping (an area of its own).
   if (!reserve_ && reserve_bytes_ > 0) reserve_ = reserve(reserve_bytes_);
-  if (!reserve_) reserve_bytes_ = 0;  // fresh mappings for each copy
   if (first < last && !copy_range(mapping_start, first, last, available)) return false;
   try {
     live_.emplace(begin, end);
@@ -74,9 +85,12 @@ void CopiesAtOnce::dropped(uint64_t begin, uint64_t end) noexcept {
   for (auto it = from; it != to; ++it) {
     if (it->second == end) {
       live_.erase(it);
-      return;
+      break;
     }
   }
+  // No copy alive: the reservation goes too (the file's pages are back everywhere), and the
+  // next copy reserves afresh.
+  if (live_.empty()) release_reservation();
 }
 
 bool CopiesAtOnce::copy_range(uint8_t* mapping_start, uint64_t begin, uint64_t end,
@@ -114,10 +128,13 @@ bool CopiesAtOnce::copy_range(uint8_t* mapping_start, uint64_t begin, uint64_t e
   };
   const uint64_t readable = begin < available ? std::min(length, available - begin) : 0;
   try {
-    if (copy_) {
-      (void)copy_(fresh, mapping_start + begin, readable);
-    } else {
-      (void)copy_without_faults(fresh, mapping_start + begin, readable);
+    // A byte that could not be read (the file shrank meanwhile) fails the copy: zeros in its
+    // place would be wrong bytes; the caller's copy out says what happened.
+    const uint64_t copied = copy_ ? copy_(fresh, mapping_start + begin, readable)
+                                  : copy_without_faults(fresh, mapping_start + begin, readable);
+    if (copied < readable) {
+      give_back();
+      return false;
     }
   } catch (...) {
     give_back();

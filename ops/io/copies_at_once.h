@@ -38,6 +38,8 @@ class CopiesAtOnce {
  private:
   // A reservation of `bytes` of address space; nullptr when none could be had.
   static uint8_t* reserve(uint64_t bytes) noexcept;
+  // Unmaps what is left of the reservation and forgets its holes.
+  void release_reservation() noexcept;
   bool covered(uint64_t page) const noexcept;
   // Fills [begin, end) of the reservation, or a fresh mapping where the reservation's pages
   // were used before, and moves it over the mapping.
@@ -45,7 +47,7 @@ class CopiesAtOnce {
                   uint64_t available) noexcept;
 
   PageCopier copy_;
-  uint8_t* reserve_ = nullptr;  // mapped once, at the first replace
+  uint8_t* reserve_ = nullptr;  // mapped at a replace, unmapped when no copy is alive
   uint64_t reserve_bytes_;
   bool reserve_lost_ = false;  // a hole went unrecorded: the reservation is never used or unmapped
   std::map<uint64_t, uint64_t> taken_;      // reservation ranges moved out (holes now), merged

@@ -149,10 +149,14 @@ std::shared_ptr<FileLease> FileLease::take(int fd) {
     ::close(own);  // the lease ends with its description
     return nullptr;
   }
+  return registry.add(std::move(made));
+}
+
+std::shared_ptr<FileLease> LeaseRegistry::add(std::unique_ptr<FileLease> made) noexcept {
   try {
-    registry.leases.reserve(registry.leases.size() + 1);
+    leases.reserve(leases.size() + 1);
     std::shared_ptr<FileLease> lease(std::move(made));
-    registry.leases.push_back(lease.get());
+    leases.push_back(lease.get());
     lease->registered_ = true;
     return lease;
   } catch (...) {

@@ -49,7 +49,7 @@ class FileLease : public std::enable_shared_from_this<FileLease> {
   // copies at once, since no writer will wait for it. A pointer exported from the view (numpy,
   // DLPack) then reads the copies too, as it does under a lease once a writer came. nullptr
   // past the cap, or with no descriptor to spare.
-  // `copy` fills the copies (io/frozen_pages.h; the kernel's copy when null).
+  // `copy` fills the copies (io/copies_at_once.h; the kernel's copy when null).
   static std::shared_ptr<FileLease> copying_at_once(int fd, PageCopier copy = nullptr);
   // The most leases (and holders) this process holds at once: 64, or a sixteenth of the
   // descriptor limit (RLIMIT_NOFILE, read at each take) where that is less.

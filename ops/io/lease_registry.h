@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct LeaseRegistry {
     return *registry;
   }
 
+  // Under `mutex`: lists `made` (a lease, or a holder copying at once) and hands it out; nullptr
+  // when there is no memory (`made` then closes its descriptor, without the lock).
+  std::shared_ptr<FileLease> add(std::unique_ptr<FileLease> made) noexcept;
   // Under `mutex`. Starts the watcher in this process once; false when no thread could start.
   bool start_watcher();
   // The watcher's loop: a lease signal names the descriptor whose lease a writer is breaking;

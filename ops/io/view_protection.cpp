@@ -66,15 +66,7 @@ std::shared_ptr<FileLease> FileLease::copying_at_once(int fd, PageCopier copy) {
   } catch (...) {
     return nullptr;  // `made` closes its descriptor
   }
-  try {
-    registry.leases.reserve(registry.leases.size() + 1);
-    std::shared_ptr<FileLease> holder(std::move(made));
-    registry.leases.push_back(holder.get());
-    holder->registered_ = true;
-    return holder;
-  } catch (...) {
-    return nullptr;
-  }
+  return registry.add(std::move(made));
 }
 
 std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint64_t offset,
@@ -95,7 +87,11 @@ std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint6
   if (copies_) {
     // Under the lock, as a break's freeze: a neighbour dying meanwhile cannot map the file's
     // pages back over a page this view shares with it.
-    if (!copies_->replace(mapping_start, protection->begin_, protection->end_, file_size_of(fd_))) {
+    // A file shorter than the view (or one fstat cannot see) shrank since it was validated:
+    // the caller's copy out says so.
+    const uint64_t size = file_size_of(fd_);
+    if (size < offset + nbytes ||
+        !copies_->replace(mapping_start, protection->begin_, protection->end_, size)) {
       return nullptr;  // never listed: it dies without the lock
     }
     protection->frozen_ = true;
@@ -156,21 +152,18 @@ ViewProtection::~ViewProtection() {
   }
   // The file's pages again where no other kept view needs the copies: a later pass over the
   // same mapping must see the file, not these bytes (nor zeros once unmapped behind its
-  // consumer).
-  std::vector<std::pair<uint64_t, uint64_t>> keep;
-  for (ViewProtection* other : list) {
-    if (other->begin_ < end_ && begin_ < other->end_) keep.emplace_back(other->begin_, other->end_);
+  // consumer). Kept views share no byte, so another can need only the first page or the last
+  // (a page they share): nothing to allocate in a destructor.
+  const uint64_t page = page_size();
+  bool keep_first = false;
+  bool keep_last = false;
+  for (const ViewProtection* other : list) {
+    keep_first = keep_first || (other->begin_ <= begin_ && begin_ < other->end_);
+    keep_last = keep_last || (other->begin_ < end_ && end_ - page < other->end_);
   }
-  std::sort(keep.begin(), keep.end());
-  auto remap = [&](uint64_t begin, uint64_t end) {
-    if (end > begin) restore_file_pages(mapping_start_, lease_->fd_, begin, end - begin);
-  };
-  uint64_t from = begin_;
-  for (auto [begin, end] : keep) {
-    remap(from, std::min(begin, end_));
-    from = std::max(from, end);
-  }
-  remap(from, end_);
+  const uint64_t from = begin_ + (keep_first ? page : 0);
+  const uint64_t to = end_ - (keep_last && end_ - page >= from ? page : 0);
+  if (to > from) restore_file_pages(mapping_start_, lease_->fd_, from, to - from);
 }
 
 }  // namespace instanttensor::io

@@ -612,8 +612,31 @@ size_t map_areas_within(const uint8_t* start, uint64_t length) {
 
 // Views of one file copied at once one after the other (load_file keeps them all): their copies
 // merge into one map area, pages shared by neighbours are copied once and kept while either
-// lives, and a view kept again after its copy went gets a copy of its own, right.
-TEST(FileLease, NeighbouringViewsCopiedAtOnceMakeOneMapArea) {
+// lives, and a view kept again after its copy went gets a copy of its own, right. With the
+// kernel's copy, and with the loader's (userfaultfd on torch's threads, as KeptViews passes).
+namespace {
+// The loader's way of filling copies (loader/pass/owned_copy.h, torch's threads), on two
+// threads of its own: whole pages placed by userfaultfd, the rest by the kernel's copy.
+uint64_t placed_on_two_threads(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
+  io::UntouchedPagePlacer placer(to, nbytes);
+  const uint64_t half = placer.registered_bytes() / 2 / io::page_size() * io::page_size();
+  uint64_t placed[2] = {0, 0};
+  std::thread first([&] { placed[0] = placer.place(0, from, half); });
+  placed[1] = placer.place(half, from + half, placer.registered_bytes() - half);
+  first.join();
+  placer.close();
+  if (placed[0] + placed[1] < placer.registered_bytes()) return 0;
+  const uint64_t rest = nbytes - placer.registered_bytes();
+  return placer.registered_bytes() + io::copy_without_faults(to + placer.registered_bytes(),
+                                                             from + placer.registered_bytes(),
+                                                             rest);
+}
+}  // namespace
+
+class CopiesAtOnce : public ::testing::TestWithParam<io::PageCopier> {};
+INSTANTIATE_TEST_SUITE_P(Copiers, CopiesAtOnce, ::testing::Values(nullptr, &placed_on_two_threads));
+
+TEST_P(CopiesAtOnce, NeighbouringViewsMakeOneMapArea) {
   TempDir dir;
   const std::string path = dir.file("f.bin");
   const uint64_t page = io::page_size();
@@ -621,7 +644,7 @@ TEST(FileLease, NeighbouringViewsCopiedAtOnceMakeOneMapArea) {
   testing::write_bytes(path, bytes);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
-  auto holder = io::FileLease::copying_at_once(fd);
+  auto holder = io::FileLease::copying_at_once(fd, GetParam());
   ASSERT_NE(holder, nullptr);
   auto* map = static_cast<uint8_t*>(
       ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));

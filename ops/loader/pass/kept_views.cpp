@@ -19,13 +19,6 @@ namespace instanttensor::loader {
 
 namespace {
 
-// A kept view smaller than this is copied rather than leased: the copy costs 0.1-0.3 ms at most,
-// while a lease costs a descriptor of its own, and a process whose descriptor table grows while
-// it runs threads waits an RCU grace period. vLLM's loader holds a view for a step past its own
-// at each group of weights (itertools.groupby reads ahead): in a tiny model of 12 shards, four
-// leases of 128-256 KiB views crossed 64 descriptors, a 14 ms step of a 20-30 ms load.
-constexpr uint64_t kLeasedViewMinBytes = 1ull << 20;
-
 uint64_t leased_view_min_bytes() {
 #ifdef INSTANTTENSOR_TESTING_HOOKS
   // Tests keep small views to exercise leases on small files.
@@ -33,7 +26,7 @@ uint64_t leased_view_min_bytes() {
     return std::strtoull(testing, nullptr, 10);
   }
 #endif
-  return kLeasedViewMinBytes;
+  return KeptViews::kLeasedViewMinBytes;
 }
 
 void release_keeper(void* context) { delete static_cast<std::shared_ptr<ViewKeeper>*>(context); }
@@ -71,6 +64,12 @@ HandedOutView KeptViews::make_view(size_t item) const {
 }
 
 void KeptViews::track(HandedOutView view) { held_.push_back(std::move(view)); }
+
+bool KeptViews::set_aside_in(size_t file) const noexcept {
+  return std::any_of(stuck_.begin(), stuck_.end(), [&](const HandedOutView& view) {
+    return plan_.tensor_of_item(view.item).file_index == file;
+  });
+}
 
 size_t KeptViews::oldest_item() const noexcept {
   return held_.empty() ? SIZE_MAX : held_.front().item;
@@ -117,9 +116,9 @@ bool KeptViews::decide(const HandedOutView& view, std::optional<Error>& first) n
 }
 
 bool KeptViews::stick(const HandedOutView& view) noexcept {
-  // Still a view: its pages stay mapped behind the consumer, as a leased view's do, while its
-  // storage keeps the pass's DataPtr (the keeper: expired once the view dies or is made owned),
-  // and the unmapping goes on past it.
+  // Still a view: its pages stay mapped behind the consumer, as a leased view's do, and the
+  // unmapping goes on past it. The index holds its keeper weakly (stuck_ and the storage's
+  // DataPtr hold it): the entry expires once the view, let go or copied out, leaves stuck_.
   const auto& t = plan_.tensor_of_item(view.item);
   const uint64_t page = io::page_size();
   try {
@@ -186,66 +185,6 @@ bool KeptViews::keep_under_lease(const HandedOutView& view, std::optional<Error>
   }
 }
 
-bool KeptViews::make_owned(const HandedOutView& view, std::optional<Error>& error) noexcept {
-  auto start = Clock::now();
-  const auto& t = plan_.tensor_of_item(view.item);
-  const std::string& path = plan_.checkpoint->files()[t.file_index].path;
-  // A message that cannot be allocated is left unsaid rather than ending the process here.
-  auto say = [&](ErrorKind kind, const char* what, const char* detail = "") noexcept {
-    try {
-      if (!error) error.emplace(kind, path, t.name(), std::string(what) + detail);
-    } catch (...) {
-    }
-  };
-  try {
-    plan_.checkpoint->check_unchanged(t.file_index, t.name());
-  } catch (const Error& e) {
-    say(ErrorKind::Io, "the file changed while the tensor was held as a view of it: ", e.what());
-  }
-  bool owned = false;
-  try {
-    // Fresh pages filled as they are allocated (io/untouched_pages.h), two threads at once: a
-    // memcpy into fresh memory pays a zeroed page per 4 KiB first (262 MB: 0.24 s on one
-    // thread, 0.12 s on two, in torch's own allocator). A small view goes to the heap instead: a
-    // mapping and a userfaultfd of its own cost more than its bytes. Either copy reads the view
-    // (the consumer's in-place writes included) through the kernel: a page past the end of a
-    // file truncated meanwhile stops it, never a SIGBUS.
-    const bool small = t.nbytes < kLeasedViewMinBytes;
-    std::shared_ptr<uint8_t> memory =
-        small ? heap_bytes(t.nbytes) : io::map_untouched_pages(t.nbytes);
-    uint8_t* to = memory.get();
-    const uint64_t copied = small ? io::copy_without_faults(to, view.data, t.nbytes)
-                                  : copy_into_untouched(to, view.data, t.nbytes);
-    if (copied < t.nbytes) {
-      std::memset(to + copied, 0, t.nbytes - copied);
-      say(ErrorKind::Io,
-          "the file shrank while the tensor was held as a view of it (bytes past its new end "
-          "are zeros)");
-    }
-    // A pointer exported before (numpy, DLPack, data_ptr) still points into the mapping: it
-    // stays mapped while the tensor lives, as the borrow ring keeps its block for such pointers.
-    struct FreshKeepingTheMapping {
-      std::shared_ptr<uint8_t> fresh;
-      std::shared_ptr<const io::MappedFiles> mapping;
-    };
-    auto both = std::make_shared<FreshKeepingTheMapping>(
-        FreshKeepingTheMapping{std::move(memory), mapping_});
-    // Asked again right before the repoint: the copy took time.
-    if (still_ours(view)) {
-      view.storage->set_data_ptr_noswap(data_kept_by(to, std::move(both)));
-      stats_.materializations += 1;
-    }
-    owned = true;
-  } catch (...) {
-    // No memory for it: it stays a view of the mapping (valid while the file is), reported.
-    say(ErrorKind::OutOfMemory,
-        "no memory to copy the tensor kept past its step; it stays a view of the file, which a "
-        "change of the file reaches, until a later step can copy it");
-  }
-  stats_.copy_seconds += seconds_since(start);
-  return owned;
-}
-
 io::FileLease* KeptViews::lease_of(size_t file) noexcept {
   if (!leases_[file]) {
     try {
@@ -261,7 +200,7 @@ io::FileLease* KeptViews::lease_of(size_t file) noexcept {
 io::FileLease* KeptViews::holder_of(size_t file) noexcept {
   if (!holders_[file]) {
     try {
-      // The copies filled as a view copied out is (owned_copy.h): two threads, no zeroing.
+      // The copies filled as a view copied out is (owned_copy.h): torch's threads, no zeroing.
       holders_[file] =
           io::FileLease::copying_at_once(plan_.checkpoint->descriptor(file), &copy_into_untouched);
     } catch (...) {

@@ -189,8 +189,9 @@ void PageCacheViews::drop_pages_behind(size_t next_item) noexcept {
 }
 
 void PageCacheViews::release_descriptor(size_t file) noexcept {
-  // The tail's reader reads through it until joined.
+  // The tail's reader reads through it until joined; a view set aside is checked through it.
   if (tail_.reader.joinable() && plan_.tensor_of_item(tail_.item).file_index == file) return;
+  if (kept_.set_aside_in(file)) return;
   plan_.checkpoint->release_descriptor(file);
 }
 
