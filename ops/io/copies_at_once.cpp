@@ -62,100 +62,94 @@ bool CopiesAtOnce::covered(uint64_t page) const noexcept {
   return std::prev(it)->second > page;
 }
 
-bool CopiesAtOnce::replace(uint8_t* mapping_start, uint64_t begin, uint64_t end,
-                           uint64_t available) noexcept {
+bool CopiesAtOnce::prepare(uint64_t begin, uint64_t end, Replacement& r) noexcept {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  uint64_t first = begin;
-  uint64_t last = end;
-  if (first < last && covered(first)) first += page;
-  if (first < last && covered(last - page)) last -= page;
-  // Where none can be had, each copy is a fresh mapping (an area of its own).
-  if (!reserve_ && reserve_bytes_ > 0) reserve_ = reserve(reserve_bytes_);
-  if (first < last && !copy_range(mapping_start, first, last, available)) return false;
+  r = Replacement{begin, end, begin, end, nullptr, false};
+  if (r.first < r.last && covered(r.first)) r.first += page;
+  if (r.first < r.last && covered(r.last - page)) r.last -= page;
   try {
-    live_.emplace(begin, end);
+    live_.emplace(begin, end);  // before the copy: a neighbour dying meanwhile sees it live
   } catch (...) {
-    return true;  // no memory for the entry: its pages are copies, only never trimmed against
+    return false;
   }
+  if (r.first >= r.last) return true;  // every page a neighbour's copy already
+  // Where no reservation can be had, each copy is a fresh mapping (an area of its own).
+  if (!reserve_ && reserve_bytes_ > 0) reserve_ = reserve(reserve_bytes_);
+  // The reservation's pages at the same offset, unless a copy took them before (a view kept,
+  // dropped and kept again): a fresh mapping then.
+  const uint64_t length = r.last - r.first;
+  r.from_reserve = reserve_ && !reserve_lost_ && r.last <= reserve_bytes_;
+  if (r.from_reserve) {
+    auto it = taken_.upper_bound(r.first);
+    if (it != taken_.begin() && std::prev(it)->second > r.first) r.from_reserve = false;
+    if (it != taken_.end() && it->first < r.last) r.from_reserve = false;
+  }
+  if (r.from_reserve && ::mprotect(reserve_ + r.first, length, PROT_READ | PROT_WRITE) != 0) {
+    r.from_reserve = false;  // no commit for it (or no map area): a fresh mapping may still be
+  }
+  if (r.from_reserve) {
+    r.fresh = reserve_ + r.first;
+    return true;
+  }
+  void* mapped =
+      ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) {
+    forget_live(begin, end);
+    return false;
+  }
+  r.fresh = static_cast<uint8_t*>(mapped);
   return true;
 }
 
-void CopiesAtOnce::dropped(uint64_t begin, uint64_t end) noexcept {
-  auto [from, to] = live_.equal_range(begin);
-  for (auto it = from; it != to; ++it) {
-    if (it->second == end) {
-      live_.erase(it);
-      break;
-    }
-  }
-  // No copy alive: the reservation goes too (the file's pages are back everywhere), and the
-  // next copy reserves afresh.
-  if (live_.empty()) release_reservation();
-}
-
-bool CopiesAtOnce::copy_range(uint8_t* mapping_start, uint64_t begin, uint64_t end,
-                              uint64_t available) noexcept {
-  const uint64_t length = end - begin;
-  // The reservation's pages at the same offset, unless a copy took them before (a view kept,
-  // dropped and kept again): a fresh mapping then, an area of its own.
-  bool from_reserve = reserve_ && !reserve_lost_ && end <= reserve_bytes_;
-  if (from_reserve) {
-    auto it = taken_.upper_bound(begin);
-    if (it != taken_.begin() && std::prev(it)->second > begin) from_reserve = false;
-    if (it != taken_.end() && it->first < end) from_reserve = false;
-  }
-  uint8_t* fresh = nullptr;
-  if (from_reserve && ::mprotect(reserve_ + begin, length, PROT_READ | PROT_WRITE) != 0) {
-    from_reserve = false;  // no commit for it (or no map area): a fresh mapping may still be had
-  }
-  if (from_reserve) {
-    fresh = reserve_ + begin;
-  } else {
-    void* mapped =
-        ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mapped == MAP_FAILED) return false;
-    fresh = static_cast<uint8_t*>(mapped);
-  }
-  // Where the copy fails, the pages filled so far are given back (the reservation's stay
-  // reserved, untouched again and inaccessible).
-  auto give_back = [&] {
-    if (from_reserve) {
-      (void)::madvise(fresh, length, MADV_DONTNEED);
-      (void)::mprotect(fresh, length, PROT_NONE);
-    } else {
-      ::munmap(fresh, length);
-    }
-  };
-  const uint64_t readable = begin < available ? std::min(length, available - begin) : 0;
+bool CopiesAtOnce::fill(const Replacement& r, const uint8_t* mapping_start,
+                        uint64_t available) const noexcept {
+  if (r.first >= r.last) return true;
+  const uint64_t length = r.last - r.first;
+  const uint64_t readable = r.first < available ? std::min(length, available - r.first) : 0;
   try {
     // A byte that could not be read (the file shrank meanwhile) fails the copy: zeros in its
     // place would be wrong bytes; the caller's copy out says what happened.
-    const uint64_t copied = copy_ ? copy_(fresh, mapping_start + begin, readable)
-                                  : copy_without_faults(fresh, mapping_start + begin, readable);
-    if (copied < readable) {
-      give_back();
-      return false;
-    }
+    const uint64_t copied = copy_ ? copy_(r.fresh, mapping_start + r.first, readable)
+                                  : copy_without_faults(r.fresh, mapping_start + r.first, readable);
+    return copied >= readable;
   } catch (...) {
-    give_back();
     return false;
   }
-  if (::mremap(fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, mapping_start + begin) ==
-      MAP_FAILED) {
-    give_back();
+}
+
+void CopiesAtOnce::give_back(const Replacement& r) noexcept {
+  if (r.first >= r.last) return;
+  const uint64_t length = r.last - r.first;
+  if (r.from_reserve) {
+    // Reserved still: untouched again and inaccessible.
+    (void)::madvise(r.fresh, length, MADV_DONTNEED);
+    (void)::mprotect(r.fresh, length, PROT_NONE);
+  } else {
+    ::munmap(r.fresh, length);
+  }
+}
+
+bool CopiesAtOnce::finish(const Replacement& r, uint8_t* mapping_start, bool filled) noexcept {
+  const uint64_t length = r.last - r.first;
+  const bool moved = filled && (r.first >= r.last ||
+                                ::mremap(r.fresh, length, length, MREMAP_MAYMOVE | MREMAP_FIXED,
+                                         mapping_start + r.first) != MAP_FAILED);
+  if (!moved) {
+    give_back(r);
+    forget_live(r.begin, r.end);
     return false;
   }
-  if (!from_reserve) return true;
+  if (!r.from_reserve || r.first >= r.last) return true;
   // A hole in the reservation now: merged with its neighbours, so the map stays small.
-  uint64_t hole_begin = begin;
-  uint64_t hole_end = end;
-  auto next = taken_.lower_bound(begin);
-  if (next != taken_.begin() && std::prev(next)->second == begin) {
+  uint64_t hole_begin = r.first;
+  uint64_t hole_end = r.last;
+  auto next = taken_.lower_bound(r.first);
+  if (next != taken_.begin() && std::prev(next)->second == r.first) {
     hole_begin = std::prev(next)->first;
     taken_.erase(std::prev(next));
   }
-  next = taken_.lower_bound(end);
-  if (next != taken_.end() && next->first == end) {
+  next = taken_.lower_bound(r.last);
+  if (next != taken_.end() && next->first == r.last) {
     hole_end = next->second;
     taken_.erase(next);
   }
@@ -167,6 +161,21 @@ bool CopiesAtOnce::copy_range(uint8_t* mapping_start, uint64_t begin, uint64_t e
     reserve_lost_ = true;
   }
   return true;
+}
+
+void CopiesAtOnce::dropped(uint64_t begin, uint64_t end) noexcept { forget_live(begin, end); }
+
+void CopiesAtOnce::forget_live(uint64_t begin, uint64_t end) noexcept {
+  auto [from, to] = live_.equal_range(begin);
+  for (auto it = from; it != to; ++it) {
+    if (it->second == end) {
+      live_.erase(it);
+      break;
+    }
+  }
+  // No copy alive: the reservation goes too (the file's pages are back everywhere), and the
+  // next copy reserves afresh.
+  if (live_.empty()) release_reservation();
 }
 
 }  // namespace instanttensor::io

@@ -25,14 +25,29 @@ class CopiesAtOnce {
   CopiesAtOnce(const CopiesAtOnce&) = delete;
   CopiesAtOnce& operator=(const CopiesAtOnce&) = delete;
 
-  // Replaces the pages [begin, end) of the mapping at `mapping_start` by private copies, in one
-  // step per range (a reader sees the file's page or its copy, never a hole), but for a first or
-  // last page a live copy holds already (a neighbour's shared page). Bytes at or past `available`
-  // (the file's end) are zeros, never read. The range is then live until dropped(). False when no
-  // copy could be made (no memory, no map area): nothing changed then.
-  bool replace(uint8_t* mapping_start, uint64_t begin, uint64_t end, uint64_t available) noexcept;
-  // The range a replace() made live is no longer held (its view died; the caller maps the
-  // file's pages back where no live range needs them).
+  // One replacement of the pages [begin, end) of a mapping by private copies, in three steps so
+  // that the copy itself runs without the caller's lock: prepare() and finish() under it,
+  // fill() between them, without it.
+  struct Replacement {
+    uint64_t begin = 0, end = 0;   // the view's pages
+    uint64_t first = 0, last = 0;  // those copied: but a first or last page a live copy holds
+    uint8_t* fresh = nullptr;      // where they are filled
+    bool from_reserve = false;
+  };
+  // Makes [begin, end) live (a neighbour's first or last page is never copied twice) and
+  // readies memory for the pages it copies. False when none could be had: nothing changed.
+  bool prepare(uint64_t begin, uint64_t end, Replacement& replacement) noexcept;
+  // Fills the copies from the mapping at `mapping_start` (bytes at or past `available`, the
+  // file's end, are zeros, never read). False when a byte could not be read (the file shrank)
+  // or there was no memory. Any thread; touches nothing but `replacement`'s memory.
+  bool fill(const Replacement& replacement, const uint8_t* mapping_start,
+            uint64_t available) const noexcept;
+  // Moves the filled copies over the mapping in one step per range (a reader sees the file's
+  // page or its copy, never a hole) when `filled`; else, or when that fails, gives everything
+  // back and the range is not live. Returns whether the pages are copies now.
+  bool finish(const Replacement& replacement, uint8_t* mapping_start, bool filled) noexcept;
+  // The range a finished replacement made live is no longer held (its view died; the caller maps
+  // the file's pages back where no live range needs them).
   void dropped(uint64_t begin, uint64_t end) noexcept;
 
  private:
@@ -41,17 +56,16 @@ class CopiesAtOnce {
   // Unmaps what is left of the reservation and forgets its holes.
   void release_reservation() noexcept;
   bool covered(uint64_t page) const noexcept;
-  // Fills [begin, end) of the reservation, or a fresh mapping where the reservation's pages
-  // were used before, and moves it over the mapping.
-  bool copy_range(uint8_t* mapping_start, uint64_t begin, uint64_t end,
-                  uint64_t available) noexcept;
+  // Gives back the memory readied for a replacement that will not be moved.
+  static void give_back(const Replacement& replacement) noexcept;
+  void forget_live(uint64_t begin, uint64_t end) noexcept;
 
   PageCopier copy_;
-  uint8_t* reserve_ = nullptr;  // mapped at a replace, unmapped when no copy is alive
+  uint8_t* reserve_ = nullptr;  // mapped at a prepare, unmapped when no copy is alive
   uint64_t reserve_bytes_;
   bool reserve_lost_ = false;  // a hole went unrecorded: the reservation is never used or unmapped
   std::map<uint64_t, uint64_t> taken_;      // reservation ranges moved out (holes now), merged
-  std::multimap<uint64_t, uint64_t> live_;  // replaced ranges still held, by first page
+  std::multimap<uint64_t, uint64_t> live_;  // ranges being replaced or held, by first page
 };
 
 }  // namespace instanttensor::io

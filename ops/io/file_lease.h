@@ -67,7 +67,8 @@ class FileLease : public std::enable_shared_from_this<FileLease> {
   // at `mapping_start`, as a view until a writer comes; the whole pages under it are then
   // replaced by private copies before the writer may go on (a write into the view by another
   // thread between that copy and the replacement is lost). A copying_at_once() holder replaces
-  // them now, under the process's lease lock (a copy of the view's bytes). nullptr when the
+  // them now (a copy of the view's bytes, made without the process's lease lock; one caller
+  // at a time per holder). nullptr when the
   // lease is no longer held (a writer came already), in a forked child, or when a holder cannot
   // copy (no memory, max_views_copied_at_once() reached): the caller copies the view instead.
   // Dropping the protection maps the file's own pages back where they had been replaced (an
@@ -107,6 +108,8 @@ class ViewProtection {
   friend class FileLease;
   ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mapping_start, uint64_t offset,
                  uint64_t nbytes);
+  // Under the registry's lock: off its lease's list.
+  void unlist() noexcept;
 
   std::shared_ptr<FileLease> lease_;
   uint8_t* mapping_start_;
@@ -114,7 +117,7 @@ class ViewProtection {
   uint64_t end_;
   bool frozen_ = false;  // under the registry's lock
   size_t index_ = 0;     // its place in lease_->protections_, under the registry's lock
-  bool listed_ = false;  // in lease_->protections_ (set once, under the registry's lock)
+  bool listed_ = false;  // in lease_->protections_ (under the registry's lock)
 };
 
 }  // namespace instanttensor::io

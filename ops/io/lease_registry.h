@@ -32,7 +32,7 @@ struct LeaseRegistry {
   }
 
   // Under `mutex`: lists `made` (a lease, or a holder copying at once) and hands it out; nullptr
-  // when there is no memory (`made` then closes its descriptor, without the lock).
+  // when there is no memory (`made` then closes its descriptor; unregistered, it takes no lock).
   std::shared_ptr<FileLease> add(std::unique_ptr<FileLease> made) noexcept;
   // Under `mutex`. Starts the watcher in this process once; false when no thread could start.
   bool start_watcher();

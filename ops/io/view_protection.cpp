@@ -75,7 +75,7 @@ std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint6
   std::shared_ptr<ViewProtection> protection(
       new ViewProtection(shared_from_this(), mapping_start, offset, nbytes));
   auto& registry = LeaseRegistry::get();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  std::unique_lock<std::mutex> lock(registry.mutex);
   if (!(held_ || copies_) || taker_ != current_process_id()) return nullptr;
   if (copies_ && registry.views_copied_at_once >= max_views_copied_at_once()) {
     return nullptr;
@@ -84,23 +84,32 @@ std::shared_ptr<ViewProtection> FileLease::protect(uint8_t* mapping_start, uint6
   if (protections_.size() == protections_.capacity()) {
     protections_.reserve(std::max<size_t>(16, 2 * protections_.capacity()));
   }
-  if (copies_) {
-    // Under the lock, as a break's freeze: a neighbour dying meanwhile cannot map the file's
-    // pages back over a page this view shares with it.
-    // A file shorter than the view (or one fstat cannot see) shrank since it was validated:
-    // the caller's copy out says so.
-    const uint64_t size = file_size_of(fd_);
-    if (size < offset + nbytes ||
-        !copies_->replace(mapping_start, protection->begin_, protection->end_, size)) {
-      return nullptr;  // never listed: it dies without the lock
-    }
-    protection->frozen_ = true;
-    registry.views_copied_at_once += 1;
+  CopiesAtOnce::Replacement replacement;
+  // A file shorter than the view (or one fstat cannot see) shrank since it was validated: the
+  // caller's copy out says so.
+  const uint64_t size = copies_ ? file_size_of(fd_) : 0;
+  if (copies_ && (size < offset + nbytes ||
+                  !copies_->prepare(protection->begin_, protection->end_, replacement))) {
+    return nullptr;  // never listed: it dies without the lock
   }
   protection->index_ = protections_.size();
   protections_.push_back(protection.get());  // no throw: reserved
   protection->listed_ = true;
-  return protection;
+  if (!copies_) return protection;
+  registry.views_copied_at_once += 1;
+  // The copy without the lock: a fork, another file's lease break or a view dying on another
+  // thread does not wait for it. Listed (not yet frozen), this view keeps a page it shares with
+  // a neighbour dying meanwhile, and its range stays live.
+  lock.unlock();
+  const bool filled = copies_->fill(replacement, mapping_start, size);
+  lock.lock();
+  if (copies_->finish(replacement, mapping_start, filled)) {
+    protection->frozen_ = true;
+    return protection;
+  }
+  registry.views_copied_at_once -= 1;
+  protection->unlist();
+  return nullptr;
 }
 
 bool FileLease::freeze_all() noexcept {
@@ -136,15 +145,21 @@ ViewProtection::ViewProtection(std::shared_ptr<FileLease> lease, uint8_t* mappin
       begin_(offset / page_size() * page_size()),
       end_(round_up(offset + nbytes, page_size())) {}
 
+void ViewProtection::unlist() noexcept {
+  // Its place taken by the last one: a view dying costs the same however many are kept.
+  auto& list = lease_->protections_;
+  list[index_] = list.back();
+  list[index_]->index_ = index_;
+  list.pop_back();
+  listed_ = false;
+}
+
 ViewProtection::~ViewProtection() {
   if (!listed_) return;  // protect() gave it out to no one
   auto& registry = LeaseRegistry::get();
   std::lock_guard<std::mutex> lock(registry.mutex);
+  unlist();
   auto& list = lease_->protections_;
-  // Its place taken by the last one: a view dying costs the same however many are kept.
-  list[index_] = list.back();
-  list[index_]->index_ = index_;
-  list.pop_back();
   if (!frozen_) return;
   if (lease_->copies_) {
     registry.views_copied_at_once -= 1;

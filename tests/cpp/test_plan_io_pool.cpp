@@ -9,8 +9,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <string>
@@ -680,6 +683,64 @@ TEST_P(CopiesAtOnce, NeighbouringViewsMakeOneMapArea) {
   EXPECT_EQ(std::memcmp(map, bytes.data(), bytes.size()), 0);
   holder.reset();
   ::munmap(map, bytes.size());
+}
+
+namespace {
+// A copier that runs `during_copy` first: the test's hook into a copy under way.
+std::function<void()> during_copy;
+uint64_t copy_calling_back(uint8_t* to, const uint8_t* from, uint64_t nbytes) {
+  if (during_copy) during_copy();
+  return io::copy_without_faults(to, from, nbytes);
+}
+}  // namespace
+
+// A holder copies without the process's lease lock: a neighbour dropped on another thread
+// during the copy goes at once (it used to wait for the whole copy, as a fork or another file's
+// lease break did), and the page it shares with the view being copied stays a copy.
+TEST(FileLease, AHolderCopiesWithoutTheLeaseLock) {
+  TempDir dir;
+  const std::string path = dir.file("f.bin");
+  const uint64_t page = io::page_size();
+  const std::string bytes = pattern_bytes(8 * page);
+  testing::write_bytes(path, bytes);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto holder = io::FileLease::copying_at_once(fd, &copy_calling_back);
+  ASSERT_NE(holder, nullptr);
+  auto* map = static_cast<uint8_t*>(
+      ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  auto first = holder->protect(map, 100, 2 * page);  // pages 0-2
+  ASSERT_NE(first, nullptr);
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool dropped = false;
+  bool dropped_during_copy = false;
+  std::thread dropper;
+  during_copy = [&] {
+    dropper = std::thread([&] {
+      first.reset();  // waits for the lease lock if the copy holds it
+      std::lock_guard<std::mutex> lock(mutex);
+      dropped = true;
+      changed.notify_one();
+    });
+    std::unique_lock<std::mutex> lock(mutex);
+    dropped_during_copy = changed.wait_for(lock, std::chrono::seconds(10), [&] { return dropped; });
+  };
+  auto second = holder->protect(map, 100 + 2 * page, 2 * page);  // pages 2-4: shares page 2
+  during_copy = nullptr;
+  dropper.join();
+  ASSERT_NE(second, nullptr);
+  EXPECT_TRUE(dropped_during_copy) << "dropping a view waited for another view's copy";
+  const std::string junk(bytes.size(), 'x');
+  ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
+  EXPECT_EQ(map[page], 'x');  // the first's own: the file's
+  EXPECT_EQ(map[2 * page + 50], static_cast<uint8_t>(bytes[2 * page + 50]));  // shared: a copy
+  EXPECT_EQ(std::memcmp(map + 2 * page, bytes.data() + 2 * page, 2 * page), 0);
+  second.reset();
+  holder.reset();
+  ::munmap(map, bytes.size());
+  ::close(fd);
 }
 
 TEST(PreadPool, ReadsEveryRequestAndReportsTruncationAndErrors) {

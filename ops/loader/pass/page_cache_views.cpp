@@ -240,9 +240,9 @@ void PageCacheViews::stop_tail() noexcept {
   if (tail_.reader.joinable()) tail_.reader.join();
   tail_.started = tail_.complete = false;
   tail_.data.clear();
-  // The pass had moved past the tail's file, or never reached it.
+  // The pass had moved past the tail's file, or never reached it (but a view set aside there).
   if (tail_.item != SIZE_MAX && kept_.oldest_item() == SIZE_MAX) {
-    plan_.checkpoint->release_descriptor(plan_.tensor_of_item(tail_.item).file_index);
+    release_descriptor(plan_.tensor_of_item(tail_.item).file_index);
   }
 }
 
