@@ -2,11 +2,11 @@
 
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <iterator>
 
+#include "io/direct_io.h"
 #include "io/fault_free_copy.h"
 
 namespace instanttensor::io {
@@ -42,7 +42,7 @@ uint8_t* CopiesAtOnce::reserve(uint64_t bytes) noexcept {
   // One page touched and given back gives the whole reservation its anonymous memory's identity
   // (the kernel's anon_vma) before any split: the copies cut from it then share it, which is
   // what lets neighbouring ones merge once moved. Made PROT_NONE again, it merges back whole.
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t page = page_size();
   if (::mprotect(start, page, PROT_READ | PROT_WRITE) != 0) {
     ::munmap(start, bytes);
     return nullptr;
@@ -63,7 +63,7 @@ bool CopiesAtOnce::covered(uint64_t page) const noexcept {
 }
 
 bool CopiesAtOnce::prepare(uint64_t begin, uint64_t end, Replacement& r) noexcept {
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t page = page_size();
   r = Replacement{begin, end, begin, end, nullptr, false};
   if (r.first < r.last && covered(r.first)) r.first += page;
   if (r.first < r.last && covered(r.last - page)) r.last -= page;

@@ -60,9 +60,7 @@ std::shared_ptr<FileLease> FileLease::copying_at_once(int fd, PageCopier copy) {
   made->held_ = false;  // nothing to release, nothing a break could ask
   try {
     // Its copies carved from a reservation of the file's size, at the views' own offsets.
-    const uint64_t page = page_size();
-    made->copies_ =
-        std::make_unique<CopiesAtOnce>(copy, (file_size_of(own) + page - 1) / page * page);
+    made->copies_ = std::make_unique<CopiesAtOnce>(copy, round_up(file_size_of(own), page_size()));
   } catch (...) {
     return nullptr;  // `made` closes its descriptor
   }

@@ -504,6 +504,14 @@ TEST(FaultFreeCopy, StopsAtAPagePastATruncationAndKeepsInPlaceWrites) {
   ::close(fd);
 }
 
+namespace {
+// A private, writable mapping of the file `fd` reads, as a views pass maps it; nullptr if none.
+uint8_t* map_private(int fd, size_t bytes) {
+  void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  return map == MAP_FAILED ? nullptr : static_cast<uint8_t*>(map);
+}
+}  // namespace
+
 // A read lease over views of a private mapping: the writer's open waits until the protected
 // pages are private copies; the bytes stay, a neighbour's protection outlives another's, and a
 // file open for writing gets no lease. The watcher thread and the caller's meet under TSan here.
@@ -520,9 +528,8 @@ TEST(FileLease, AWriterWaitsUntilTheProtectedPagesAreCopies) {
     if (testing::leases_required()) FAIL() << "no lease on " << path << " where one is required";
     GTEST_SKIP() << "this filesystem or process gets no lease on " << path;
   }
-  auto* map = static_cast<uint8_t*>(
-      ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
-  ASSERT_NE(map, MAP_FAILED);
+  uint8_t* map = map_private(fd, bytes.size());
+  ASSERT_NE(map, nullptr);
   ::close(fd);  // the lease lives on a description of its own
   // Two views sharing page 1; the second written in place during its step, before it is kept
   // (a write racing with the watcher's copy is the documented lost write, not tested).
@@ -572,9 +579,8 @@ TEST(FileLease, AHolderWhereTheLeaseIsRefusedCopiesTheViewWhereItIs) {
   ASSERT_EQ(io::FileLease::take(fd), nullptr);
   auto holder = io::FileLease::copying_at_once(fd);
   ASSERT_NE(holder, nullptr);
-  auto* map = static_cast<uint8_t*>(
-      ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
-  ASSERT_NE(map, MAP_FAILED);
+  uint8_t* map = map_private(fd, bytes.size());
+  ASSERT_NE(map, nullptr);
   ::close(fd);  // the holder maps the file's pages back through a descriptor of its own
   auto view = holder->protect(map, 100, 5000);  // pages 0 and 1
   ASSERT_NE(view, nullptr);
@@ -649,9 +655,8 @@ TEST_P(CopiesAtOnce, NeighbouringViewsMakeOneMapArea) {
   ASSERT_GE(fd, 0);
   auto holder = io::FileLease::copying_at_once(fd, GetParam());
   ASSERT_NE(holder, nullptr);
-  auto* map = static_cast<uint8_t*>(
-      ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
-  ASSERT_NE(map, MAP_FAILED);
+  uint8_t* map = map_private(fd, bytes.size());
+  ASSERT_NE(map, nullptr);
   ::close(fd);
   // 20 views of 2.5 pages each from page 2: neighbours share a page. Each is written in place
   // during its step, as a consumer may.
@@ -707,9 +712,8 @@ TEST(FileLease, AHolderCopiesWithoutTheLeaseLock) {
   ASSERT_GE(fd, 0);
   auto holder = io::FileLease::copying_at_once(fd, &copy_calling_back);
   ASSERT_NE(holder, nullptr);
-  auto* map = static_cast<uint8_t*>(
-      ::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0));
-  ASSERT_NE(map, MAP_FAILED);
+  uint8_t* map = map_private(fd, bytes.size());
+  ASSERT_NE(map, nullptr);
   auto first = holder->protect(map, 100, 2 * page);  // pages 0-2
   ASSERT_NE(first, nullptr);
   std::mutex mutex;

@@ -4,16 +4,13 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <utility>
 
 #include "io/direct_io.h"
-#include "io/fault_free_copy.h"
-#include "io/untouched_pages.h"
 #include "loader/pass/owned_copy.h"
 #include "loader/reads/timing.h"
-#include "loader/transfer/storage_views.h"
+#include "plan/read_plan.h"
 
 namespace instanttensor::loader {
 
@@ -128,7 +125,7 @@ bool KeptViews::stick(const HandedOutView& view) noexcept {
   }
   try {
     leased_.add(t.file_index, t.file_offset, t.nbytes, t.file_offset / page * page,
-                (t.file_offset + t.nbytes + page - 1) / page * page, view.keeper);
+                plan::round_up(t.file_offset + t.nbytes, page), view.keeper);
   } catch (...) {
     stuck_.pop_back();
     return false;
